@@ -25,15 +25,19 @@ STREAM_NAME = re.compile(r"^(job|search)/[0-9]+$")
 # Redis keys: the entries live in a stream, the last seq in a counter beside it.
 KEY_PREFIX = "cann:stream:"
 SEQ_PREFIX = "cann:seq:"
+# every stream that ever received an event; the relay discovers streams here
+STREAMS_SET = "cann:streams"
 # Streams are capped (approximate MAXLEN) so a long run cannot fill Redis; the relay persists every
 # event to the database well before this many newer ones arrive.
 MAX_LEN = 100_000
 
-# KEYS[1] = counter, KEYS[2] = stream; ARGV[1] = event JSON without seq (ends with "}"), ARGV[2] = maxlen
+# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = set of streams;
+# ARGV[1] = event JSON without seq (ends with "}"), ARGV[2] = maxlen
 _APPEND_LUA = """
 local seq = redis.call('INCR', KEYS[1])
 local body = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], seq .. '-1', 'event', body)
+redis.call('SADD', KEYS[3], KEYS[2])
 return seq
 """
 
@@ -81,24 +85,43 @@ class EventWriter:
         self._redis = redis_client
         self._append = redis_client.register_script(_APPEND_LUA)
 
+    @staticmethod
+    def _keys(stream: str) -> list[str]:
+        return [seq_key(stream), stream_key(stream), STREAMS_SET]
+
     def publish(self, stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> int:
         """Append one event; returns its ``seq``."""
         body = build_event(stream, kind, step, values)
-        return int(self._append(keys=[seq_key(stream), stream_key(stream)], args=[body, MAX_LEN]))
+        return int(self._append(keys=self._keys(stream), args=[body, MAX_LEN]))
 
     def publish_many(self, stream: str, events: list[tuple[str, int | None, dict[str, Any]]]) -> list[int]:
         """Append several ``(kind, step, values)`` events in one round trip; returns their seqs."""
         bodies = [build_event(stream, kind, step, values) for kind, step, values in events]
         pipe = self._redis.pipeline(transaction=False)
         for body in bodies:
-            self._append(keys=[seq_key(stream), stream_key(stream)], args=[body, MAX_LEN], client=pipe)
+            self._append(keys=self._keys(stream), args=[body, MAX_LEN], client=pipe)
         return [int(s) for s in pipe.execute()]
+
+
+def parse_entries(entries) -> list[dict]:
+    """Events from the ``[(id, {field: value})]`` that XRANGE / XREAD return (bytes or str fields)."""
+    return [json.loads(fields[b"event"] if b"event" in fields else fields["event"]) for _id, fields in entries]
+
+
+def since_range(last_seq: int) -> str:
+    """The exclusive XRANGE start that selects events with ``seq > last_seq`` (entry id = ``<seq>-1``)."""
+    return f"({int(last_seq)}-1"
 
 
 def read_since(redis_client, stream: str, last_seq: int = 0, count: int | None = None) -> list[dict]:
     """Events of ``stream`` with ``seq > last_seq``, oldest first."""
-    entries = redis_client.xrange(stream_key(validate_stream(stream)), min=f"({int(last_seq)}-1", max="+", count=count)
-    return [json.loads(fields[b"event"] if b"event" in fields else fields["event"]) for _id, fields in entries]
+    key = stream_key(validate_stream(stream))
+    return parse_entries(redis_client.xrange(key, min=since_range(last_seq), max="+", count=count))
+
+
+def stream_of_key(key: bytes | str) -> str:
+    key = key.decode() if isinstance(key, bytes) else key
+    return key[len(KEY_PREFIX) :]
 
 
 def last_seq(redis_client, stream: str) -> int:

@@ -1,0 +1,43 @@
+# cann-train: two commands.  `make run` serves the app with a demo;  `make test` runs every test.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PORT   ?= 8000
+HOST   ?= 127.0.0.1
+export PORT HOST
+# keep torch-npu (if ever installed) from breaking `import torch` on machines without the Ascend runtime
+export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
+
+.PHONY: setup run test lint native chromium clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+native: setup
+	@if [ -f native_ops/__main__.py ]; then $(PY) -m native_ops build; fi
+
+run: setup native
+	$(PY) -m controlplane.stack --host $(HOST) --port $(PORT)
+
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing and not root: browser tests will be skipped"; fi; \
+	fi
+
+test: setup native chromium
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf var/test var/static .pytest_cache

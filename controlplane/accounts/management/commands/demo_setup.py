@@ -1,0 +1,39 @@
+import json
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from controlplane.accounts.services import demo_setup
+from controlplane.jobs.models import TrainingJob
+
+
+class Command(BaseCommand):
+    help = "Create the demo team, user and a demo job (idempotent). Prints the credentials when created."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--url", default="http://127.0.0.1:8000/")
+
+    def handle(self, *args, **opts):
+        user, password = demo_setup()
+        team = user.teams.first()
+        if not TrainingJob.objects.filter(team=team).exists():
+            TrainingJob.objects.create(
+                team=team, name="demo", created_by=user,
+                config={"about": "a demo job whose live stream the dashboard follows; send it a live probe"},
+            )
+        creds = settings.VAR_DIR / "demo_credentials.json"
+        if password:
+            creds.write_text(json.dumps({"username": user.username, "password": password}))
+            os.chmod(creds, 0o600)
+        elif creds.exists():
+            password = json.loads(creds.read_text())["password"]
+        line = "=" * 72
+        self.stdout.write(line)
+        self.stdout.write(f"  cann-train is starting at {opts['url']}")
+        if password:
+            self.stdout.write(f"  log in as: {user.username}   password: {password}")
+            self.stdout.write(f"  (kept in {creds}; change it with: python manage.py changepassword {user.username})")
+        else:
+            self.stdout.write(f"  log in as {user.username} (reset: python manage.py changepassword {user.username})")
+        self.stdout.write(line)

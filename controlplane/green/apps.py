@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class GreenConfig(AppConfig):
+    name = "controlplane.green"
+    label = "green"

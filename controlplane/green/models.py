@@ -1,0 +1,1 @@
+"""Energy and carbon accounting (models arrive with the green-training work)."""

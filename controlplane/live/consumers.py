@@ -1,0 +1,112 @@
+"""The live websocket: authenticate, check the team owns the stream, join its group, forward events.
+
+Protocol (JSON text frames)::
+
+    client → {"action": "subscribe", "stream": "job/42", "last_seq": 17}    # last_seq optional, default 0
+    client → {"action": "unsubscribe", "stream": "job/42"}
+    server → {"type": "subscribed", "stream": "job/42", "last_seq": 23}     # after replaying 18..23
+    server → {"stream": "job/42", "seq": 24, "time": ..., "kind": ..., "step": ..., "values": {...}}
+    server → {"type": "error", "stream": "job/42", "code": "not_found", "message": "..."}
+
+Every stream is delivered in ``seq`` order without gaps or duplicates: on subscribe the consumer
+replays what the client missed (from Redis, and from the database for events Redis no longer holds),
+and a live event that arrives ahead of a gap triggers a backfill first.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from controlplane.live.selectors import stored_events
+from controlplane.live.streams import group_name, user_may_read
+from workers.events import STREAM_NAME, parse_entries, since_range, stream_key
+
+log = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+MAX_SUBSCRIPTIONS = 50
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.last_sent: dict[str, int] = {}
+        self.redis = aioredis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=settings.REDIS_TIMEOUT_S, socket_timeout=settings.REDIS_TIMEOUT_S
+        )
+        await self.accept()
+
+    async def disconnect(self, code):
+        for stream in list(getattr(self, "last_sent", {})):
+            await self.channel_layer.group_discard(group_name(stream), self.channel_name)
+        if getattr(self, "redis", None) is not None:
+            await self.redis.aclose()
+
+    async def receive_json(self, content, **kwargs):
+        if not isinstance(content, dict):
+            return await self.send_error(None, "bad_request", "Send a JSON object with an 'action'.")
+        action, stream = content.get("action"), content.get("stream")
+        if action not in {"subscribe", "unsubscribe"}:
+            return await self.send_error(stream, "bad_request", "action must be 'subscribe' or 'unsubscribe'.")
+        if not isinstance(stream, str) or not STREAM_NAME.match(stream):
+            return await self.send_error(stream, "bad_request", "stream must look like 'job/<id>' or 'search/<id>'.")
+        if action == "unsubscribe":
+            self.last_sent.pop(stream, None)
+            await self.channel_layer.group_discard(group_name(stream), self.channel_name)
+            return await self.send_json({"type": "unsubscribed", "stream": stream})
+        last_seq = content.get("last_seq", 0)
+        if isinstance(last_seq, bool) or not isinstance(last_seq, int) or last_seq < 0:
+            return await self.send_error(stream, "bad_request", "last_seq must be a non-negative integer.")
+        await self.subscribe(stream, last_seq)
+
+    async def subscribe(self, stream: str, last_seq: int):
+        if stream not in self.last_sent and len(self.last_sent) >= MAX_SUBSCRIPTIONS:
+            return await self.send_error(stream, "too_many", f"At most {MAX_SUBSCRIPTIONS} streams per connection.")
+        if not await database_sync_to_async(user_may_read)(self.scope["user"], stream):
+            # same answer for "does not exist" and "another team's": existence is not leaked
+            return await self.send_error(stream, "not_found", f"No stream {stream} among your teams' jobs and searches.")
+        await self.channel_layer.group_add(group_name(stream), self.channel_name)
+        self.last_sent[stream] = last_seq
+        await self.send_missed(stream, upto=None)
+        await self.send_json({"type": "subscribed", "stream": stream, "last_seq": self.last_sent[stream]})
+
+    async def send_missed(self, stream: str, upto: int | None):
+        """Send events after ``last_sent[stream]`` (up to and excluding ``upto``) from Redis, filling any
+        older gap from the database."""
+        after = self.last_sent[stream]
+        max_id = f"({upto}-1" if upto is not None else "+"
+        events = parse_entries(await self.redis.xrange(stream_key(stream), min=since_range(after), max=max_id))
+        first_in_redis = events[0]["seq"] if events else upto
+        if first_in_redis is None or first_in_redis > after + 1:
+            older = await database_sync_to_async(stored_events)(stream, after_seq=after, before_seq=first_in_redis)
+            events = older + events
+        for event in events:
+            await self.forward(event)
+
+    async def forward(self, event: dict):
+        stream = event["stream"]
+        if event["seq"] <= self.last_sent.get(stream, 0):
+            return
+        self.last_sent[stream] = event["seq"]
+        await self.send_json(event)
+
+    async def live_events(self, message):
+        """Group message from the relay: ``{"type": "live.events", "events": [...]}`` of one stream."""
+        for event in message["events"]:
+            stream = event["stream"]
+            if stream not in self.last_sent:
+                continue
+            if event["seq"] > self.last_sent[stream] + 1:
+                await self.send_missed(stream, upto=event["seq"])
+            await self.forward(event)
+
+    async def send_error(self, stream, code: str, message: str):
+        await self.send_json({"type": "error", "stream": stream, "code": code, "message": message})

@@ -1,0 +1,35 @@
+"""Persisted live events: the history behind every stream, written by the relay in batches."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class StreamEvent(models.Model):
+    """One event of a live stream (``job/42``, ``search/7``), exactly as it was published.
+
+    Redis keeps only the newest events of a stream; this table keeps all of them, so a page opened
+    mid-run shows the whole history and a client that reconnects after a long gap misses nothing.
+    """
+
+    stream = models.CharField(max_length=64)
+    seq = models.BigIntegerField()
+    time = models.DateTimeField()
+    kind = models.CharField(max_length=16)
+    step = models.BigIntegerField(null=True, blank=True)
+    values = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["stream", "seq"]
+        constraints = [models.UniqueConstraint(fields=["stream", "seq"], name="unique_stream_seq")]
+        indexes = [models.Index(fields=["stream", "step"], name="streamevent_stream_step")]
+
+    def as_event(self) -> dict:
+        return {
+            "stream": self.stream,
+            "seq": self.seq,
+            "time": self.time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "kind": self.kind,
+            "step": self.step,
+            "values": self.values,
+        }

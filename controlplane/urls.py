@@ -1,0 +1,41 @@
+"""URL map: pages, the REST API under /api/, OpenAPI, health, admin. Websockets: controlplane/live/routing.py."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from controlplane.accounts.apis import MeApi, TokenListCreateApi, TokenRevokeApi
+from controlplane.clusters.apis import ClusterViewSet
+from controlplane.common import views
+from controlplane.common.health import healthz
+from controlplane.jobs.apis import TrainingJobViewSet
+from controlplane.planning.apis import StrategySearchViewSet
+
+router = DefaultRouter()
+router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("searches", StrategySearchViewSet, basename="search")
+router.register("jobs", TrainingJobViewSet, basename="job")
+
+api = [
+    path("me/", MeApi.as_view(), name="api-me"),
+    path("tokens/", TokenListCreateApi.as_view(), name="api-tokens"),
+    path("tokens/<int:pk>/", TokenRevokeApi.as_view(), name="api-token-revoke"),
+    path("green/", include("controlplane.green.urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("", include(router.urls)),
+]
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:pk>/revoke/", views.token_revoke_view, name="token-revoke"),
+    path("healthz", healthz, name="healthz"),
+    path("api/", include(api)),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,57 @@
+// Live events over the websocket, with resume: the client remembers the last seq of each stream and,
+// after a reconnect, subscribes again with it, so the server replays exactly what was missed.
+export function csrfToken() {
+  const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+
+export class LiveClient {
+  constructor({ url, onEvent = () => {}, onStatus = () => {}, onError = () => {}, onSubscribed = () => {} } = {}) {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    this.url = url || `${proto}//${location.host}/ws/live/`;
+    this.handlers = { onEvent, onStatus, onError, onSubscribed };
+    this.lastSeq = new Map();   // stream -> last seq delivered to the page
+    this.backoff = 500;
+    this.closedByUser = false;
+    this.connect();
+  }
+
+  connect() {
+    this.handlers.onStatus("connecting");
+    this.ws = new WebSocket(this.url);
+    this.ws.addEventListener("open", () => {
+      this.backoff = 500;
+      this.handlers.onStatus("live");
+      for (const [stream, seq] of this.lastSeq) this.send({ action: "subscribe", stream, last_seq: seq });
+    });
+    this.ws.addEventListener("message", (msg) => this.receive(JSON.parse(msg.data)));
+    this.ws.addEventListener("close", (ev) => {
+      if (this.closedByUser) return;
+      if (ev.code === 4401) { this.handlers.onStatus("signed out"); return; }
+      this.handlers.onStatus("reconnecting");
+      setTimeout(() => this.connect(), this.backoff);
+      this.backoff = Math.min(this.backoff * 2, 10000);
+    });
+  }
+
+  receive(m) {
+    if (m.type === "subscribed") { this.handlers.onSubscribed(m); return; }
+    if (m.type === "unsubscribed") return;
+    if (m.type === "error") { this.handlers.onError(m); return; }
+    if (!this.lastSeq.has(m.stream)) return;  // unsubscribed meanwhile
+    if (m.seq <= this.lastSeq.get(m.stream)) return;
+    this.lastSeq.set(m.stream, m.seq);
+    this.handlers.onEvent(m);
+  }
+
+  send(obj) { if (this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(obj)); }
+
+  subscribe(stream, lastSeq = 0) {
+    if (!this.lastSeq.has(stream)) this.lastSeq.set(stream, lastSeq);
+    this.send({ action: "subscribe", stream, last_seq: this.lastSeq.get(stream) });
+  }
+
+  unsubscribe(stream) { this.lastSeq.delete(stream); this.send({ action: "unsubscribe", stream }); }
+
+  close() { this.closedByUser = true; this.ws.close(); }
+}
