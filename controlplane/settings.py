@@ -37,7 +37,9 @@ def _secret_key() -> str:
     if key := os.environ.get("SECRET_KEY"):
         return key
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set in the environment when DEBUG=0 (production mode).")
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set in the environment when DEBUG=0 (production mode)."
+        )
     path = VAR_DIR / "secret_key"
     if not path.exists():
         path.write_text(secrets.token_urlsafe(50))
@@ -46,10 +48,10 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+ALLOWED_HOSTS = [
+    h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h
 ]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [
     "daphne",
@@ -135,10 +137,20 @@ CELERY_TASK_ROUTES = {
     "workers.tasks.training.*": {"queue": "training"},
 }
 CELERY_RESULT_EXPIRES = 3600
+# state lives in our own rows (StrategySearch, TrainingJob); tasks that a caller really waits on say so
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": REDIS_TIMEOUT_S, "socket_timeout": 10}
 CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_TIMEOUT_S
 CELERY_REDIS_SOCKET_TIMEOUT = 10
+CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_TIMEOUT_S
+# a request that enqueues must fail fast (503) when the broker is down, not hang on retries
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.2,
+}
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TRACK_STARTED = True
 

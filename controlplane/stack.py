@@ -67,8 +67,19 @@ def start_embedded_redis(port: int, data_dir: Path, *, quiet: bool = True) -> su
     """Start redis-server on 127.0.0.1:port, no persistence; returns once it answers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
-        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        "--dir", str(data_dir), "--protected-mode", "yes",
+        redis_server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--protected-mode",
+        "yes",
     ]
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
@@ -108,7 +119,9 @@ def ensure_redis(env: dict) -> subprocess.Popen | None:
     url = env.get("REDIS_URL")
     if url:
         if not redis_answers(url):
-            sys.exit(f"REDIS_URL={url} does not answer. Start that Redis, or unset REDIS_URL to use an embedded one.")
+            sys.exit(
+                f"REDIS_URL={url} does not answer. Start that Redis, or unset REDIS_URL to use an embedded one."
+            )
         print(f"redis: using REDIS_URL ({urlparse(url).hostname}:{urlparse(url).port or 6379})")
         return None
     if redis_answers(DEFAULT_REDIS_URL):
@@ -141,8 +154,22 @@ def run(host: str, port: int, concurrency: int) -> int:
         url = f"http://{'127.0.0.1' if host in {'0.0.0.0', '127.0.0.1'} else host}:{port}/"
         subprocess.run([py, "manage.py", "demo_setup", "--url", url], cwd=ROOT, env=env, check=True)
         children = {
-            "worker": [py, "-m", "celery", "-A", "workers.celery", "worker", "-Q", "default,planning,training",
-                       "-c", str(concurrency), "-n", "local@%h", "--loglevel", "INFO"],
+            "worker": [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery",
+                "worker",
+                "-Q",
+                "default,planning,training",
+                "-c",
+                str(concurrency),
+                "-n",
+                "local@%h",
+                "--loglevel",
+                "INFO",
+            ],
             "relay": [py, "manage.py", "relay"],
             "web": [py, "-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application"],
         }
@@ -154,14 +181,18 @@ def run(host: str, port: int, concurrency: int) -> int:
         while True:
             for name, p in named.items():
                 if p.poll() is not None:
-                    print(f"cann-train: {name} exited with {p.returncode}; stopping the rest", file=sys.stderr)
+                    print(
+                        f"cann-train: {name} exited with {p.returncode}; stopping the rest", file=sys.stderr
+                    )
                     return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("\ncann-train: stopping…")
         return 0
     except subprocess.CalledProcessError as exc:
-        print(f"cann-train: setup step failed: {' '.join(exc.cmd[1:])} (exit {exc.returncode})", file=sys.stderr)
+        print(
+            f"cann-train: setup step failed: {' '.join(exc.cmd[1:])} (exit {exc.returncode})", file=sys.stderr
+        )
         return 1
     finally:
         stop(list(reversed(procs)))

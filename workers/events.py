@@ -105,7 +105,9 @@ class EventWriter:
 
 def parse_entries(entries) -> list[dict]:
     """Events from the ``[(id, {field: value})]`` that XRANGE / XREAD return (bytes or str fields)."""
-    return [json.loads(fields[b"event"] if b"event" in fields else fields["event"]) for _id, fields in entries]
+    return [
+        json.loads(fields[b"event"] if b"event" in fields else fields["event"]) for _id, fields in entries
+    ]
 
 
 def since_range(last_seq: int) -> str:

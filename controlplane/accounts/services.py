@@ -42,7 +42,9 @@ def demo_setup(*, username: str = "demo", team_name: str = "Demo team") -> tuple
     password = None
     if user is None:
         password = secrets.token_urlsafe(12)
-        user = User.objects.create_user(username=username, password=password, email=f"{username}@example.invalid")
+        user = User.objects.create_user(
+            username=username, password=password, email=f"{username}@example.invalid"
+        )
     team = Team.objects.filter(name=team_name).first() or team_create(name=team_name, admins=[user])
     Membership.objects.get_or_create(team=team, user=user)
     return user, password

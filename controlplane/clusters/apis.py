@@ -19,7 +19,9 @@ class ClusterSerializer(TeamOwnedSerializer):
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["Send the cluster.json document as a JSON object."]})
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Send the cluster.json document as a JSON object."]}
+            )
         attrs = super().to_internal_value({k: v for k, v in data.items() if k == "team"})
         document = {k: v for k, v in data.items() if k not in {"team", "id", "created_at", "updated_at"}}
         if self.partial and self.instance is not None:
@@ -35,7 +37,9 @@ class ClusterSerializer(TeamOwnedSerializer):
         if self.instance is not None:
             clash = clash.exclude(pk=self.instance.pk)
         if clash.exists():
-            raise serializers.ValidationError({"name": [f"Your team already has a cluster named {attrs['name']!r}."]})
+            raise serializers.ValidationError(
+                {"name": [f"Your team already has a cluster named {attrs['name']!r}."]}
+            )
         return attrs
 
     def to_representation(self, instance):

@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 
 def exception_handler(exc, context):
     if isinstance(exc, DjangoValidationError):
-        exc = exceptions.ValidationError(getattr(exc, "message_dict", None) or {"non_field_errors": exc.messages})
+        exc = exceptions.ValidationError(
+            getattr(exc, "message_dict", None) or {"non_field_errors": exc.messages}
+        )
     elif isinstance(exc, IntegrityError):
         log.info("integrity error turned into 409: %s", exc)
         return Response(

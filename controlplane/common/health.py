@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 
 from django.db import connection
@@ -35,18 +36,17 @@ def _redis():
 
 
 def _celery():
-    from celery.exceptions import TimeoutError as CeleryTimeout
+    from workers.tasks.health import PING_KEY, ping
 
-    from workers.tasks.health import ping
-
-    result = ping.apply_async(queue="default", expires=CELERY_PING_TIMEOUT_S)
-    try:
-        answer = result.get(timeout=CELERY_PING_TIMEOUT_S)
-    except CeleryTimeout as exc:
-        raise TimeoutError(f"no Celery worker answered on queue 'default' within {CELERY_PING_TIMEOUT_S:.0f}s") from exc
-    finally:
-        result.forget()
-    return f"worker {answer['worker']}"
+    nonce = secrets.token_hex(8)
+    key = PING_KEY.format(nonce=nonce)
+    ping.apply_async((nonce,), queue="default", expires=CELERY_PING_TIMEOUT_S, ignore_result=True)
+    deadline = time.monotonic() + CELERY_PING_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if worker := redis_client().getdel(key):
+            return f"worker {worker.decode()}"
+        time.sleep(0.02)
+    raise TimeoutError(f"no Celery worker answered on queue 'default' within {CELERY_PING_TIMEOUT_S:.0f}s")
 
 
 def healthz(request):
@@ -56,4 +56,6 @@ def healthz(request):
     else:
         checks["celery"] = {"ok": False, "detail": "not checked: the broker (Redis) is down", "ms": 0.0}
     healthy = all(c["ok"] for c in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "unavailable", "checks": checks}, status=200 if healthy else 503)
+    return JsonResponse(
+        {"status": "ok" if healthy else "unavailable", "checks": checks}, status=200 if healthy else 503
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import kombu.exceptions
 import redis
 from django.conf import settings
 from django.db import OperationalError
@@ -14,14 +15,23 @@ from controlplane.common.redis import ServiceUnavailable
 
 log = logging.getLogger(__name__)
 
-UNAVAILABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OperationalError, ServiceUnavailable)
+UNAVAILABLE_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    kombu.exceptions.OperationalError,  # Celery could not reach its broker
+    OperationalError,
+    ServiceUnavailable,
+)
 
 
 def describe_unavailable(exc: Exception) -> tuple[str, str]:
     if isinstance(exc, ServiceUnavailable):
         return exc.service, exc.detail
-    if isinstance(exc, redis.exceptions.RedisError):
-        return "Redis", f"cannot reach {settings.REDIS_URL.split('@')[-1]} ({exc.__class__.__name__}). Is Redis running? Set REDIS_URL to point at it."
+    if isinstance(exc, redis.exceptions.RedisError | kombu.exceptions.OperationalError):
+        return (
+            "Redis",
+            f"cannot reach {settings.REDIS_URL.split('@')[-1]} ({exc.__class__.__name__}). Is Redis running? Set REDIS_URL to point at it.",
+        )
     return "The database", f"{exc}. Check DATABASE_URL."
 
 
@@ -38,7 +48,9 @@ class ServiceUnavailableMiddleware:
         service, detail = describe_unavailable(exc)
         log.warning("503 for %s: %s: %s", request.path, service, detail)
         if request.path.startswith("/api/") or "application/json" in request.headers.get("Accept", ""):
-            return JsonResponse({"detail": f"{service} is unavailable: {detail}", "service": service}, status=503)
+            return JsonResponse(
+                {"detail": f"{service} is unavailable: {detail}", "service": service}, status=503
+            )
         response = SimpleTemplateResponse(
             "unavailable.html", {"service": service, "detail": detail}, status=503
         )

@@ -37,7 +37,9 @@ def tokens(request):
             request.session["new_token"] = raw
         return redirect("tokens")
     new_token = request.session.pop("new_token", None)
-    return render(request, "tokens.html", {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token})
+    return render(
+        request, "tokens.html", {"tokens": ApiToken.objects.filter(user=request.user), "new_token": new_token}
+    )
 
 
 @login_required

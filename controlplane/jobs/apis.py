@@ -20,8 +20,18 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     class Meta:
         model = TrainingJob
         fields = [
-            "id", "team", "name", "state", "progress", "config", "stream", "error", "human_readable_error",
-            "created_at", "started_at", "finished_at",
+            "id",
+            "team",
+            "name",
+            "state",
+            "progress",
+            "config",
+            "stream",
+            "error",
+            "human_readable_error",
+            "created_at",
+            "started_at",
+            "finished_at",
         ]
         read_only_fields = ["state", "progress", "error", "human_readable_error", "started_at", "finished_at"]
 
@@ -46,7 +56,9 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         job = self.get_object()
         data = ProbeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = probe.apply_async((job.stream, data.validated_data["message"]), queue="default")
+        result = probe.apply_async(
+            (job.stream, data.validated_data["message"]), queue="default", ignore_result=True
+        )
         return Response({"task_id": result.id, "stream": job.stream}, status=status.HTTP_202_ACCEPTED)
 
     @action(detail=True, methods=["get"])

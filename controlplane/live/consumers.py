@@ -36,11 +36,16 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
+            # accept, then close with a code of our own, so a client can tell "sign in again" apart from
+            # a network failure (a refused handshake only shows up as 1006)
+            await self.accept()
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.last_sent: dict[str, int] = {}
         self.redis = aioredis.Redis.from_url(
-            settings.REDIS_URL, socket_connect_timeout=settings.REDIS_TIMEOUT_S, socket_timeout=settings.REDIS_TIMEOUT_S
+            settings.REDIS_URL,
+            socket_connect_timeout=settings.REDIS_TIMEOUT_S,
+            socket_timeout=settings.REDIS_TIMEOUT_S,
         )
         await self.accept()
 
@@ -55,9 +60,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return await self.send_error(None, "bad_request", "Send a JSON object with an 'action'.")
         action, stream = content.get("action"), content.get("stream")
         if action not in {"subscribe", "unsubscribe"}:
-            return await self.send_error(stream, "bad_request", "action must be 'subscribe' or 'unsubscribe'.")
+            return await self.send_error(
+                stream, "bad_request", "action must be 'subscribe' or 'unsubscribe'."
+            )
         if not isinstance(stream, str) or not STREAM_NAME.match(stream):
-            return await self.send_error(stream, "bad_request", "stream must look like 'job/<id>' or 'search/<id>'.")
+            return await self.send_error(
+                stream, "bad_request", "stream must look like 'job/<id>' or 'search/<id>'."
+            )
         if action == "unsubscribe":
             self.last_sent.pop(stream, None)
             await self.channel_layer.group_discard(group_name(stream), self.channel_name)
@@ -69,10 +78,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def subscribe(self, stream: str, last_seq: int):
         if stream not in self.last_sent and len(self.last_sent) >= MAX_SUBSCRIPTIONS:
-            return await self.send_error(stream, "too_many", f"At most {MAX_SUBSCRIPTIONS} streams per connection.")
+            return await self.send_error(
+                stream, "too_many", f"At most {MAX_SUBSCRIPTIONS} streams per connection."
+            )
         if not await database_sync_to_async(user_may_read)(self.scope["user"], stream):
             # same answer for "does not exist" and "another team's": existence is not leaked
-            return await self.send_error(stream, "not_found", f"No stream {stream} among your teams' jobs and searches.")
+            return await self.send_error(
+                stream, "not_found", f"No stream {stream} among your teams' jobs and searches."
+            )
         await self.channel_layer.group_add(group_name(stream), self.channel_name)
         self.last_sent[stream] = last_seq
         await self.send_missed(stream, upto=None)
@@ -83,10 +96,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         older gap from the database."""
         after = self.last_sent[stream]
         max_id = f"({upto}-1" if upto is not None else "+"
-        events = parse_entries(await self.redis.xrange(stream_key(stream), min=since_range(after), max=max_id))
+        events = parse_entries(
+            await self.redis.xrange(stream_key(stream), min=since_range(after), max=max_id)
+        )
         first_in_redis = events[0]["seq"] if events else upto
         if first_in_redis is None or first_in_redis > after + 1:
-            older = await database_sync_to_async(stored_events)(stream, after_seq=after, before_seq=first_in_redis)
+            older = await database_sync_to_async(stored_events)(
+                stream, after_seq=after, before_seq=first_in_redis
+            )
             events = older + events
         for event in events:
             await self.forward(event)

@@ -34,7 +34,9 @@ CLAIM_IDLE_MS = 30_000
 
 class Relay:
     def __init__(self, *, redis_url: str | None = None, batch: int = 500, block_ms: int = 500):
-        self.redis = redis.Redis.from_url(redis_url or settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5)
+        self.redis = redis.Redis.from_url(
+            redis_url or settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5
+        )
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
         self.batch = batch
         self.block_ms = block_ms
@@ -60,7 +62,9 @@ class Relay:
             events = parse_entries(entries)
             close_old_connections()
             persist_events(events)
-            async_to_sync(self.layer.group_send)(group_name(stream_of_key(key)), {"type": "live.events", "events": events})
+            async_to_sync(self.layer.group_send)(
+                group_name(stream_of_key(key)), {"type": "live.events", "events": events}
+            )
             self.redis.xack(key, GROUP, *[entry_id for entry_id, _ in entries])
             handled += len(entries)
         return handled
@@ -74,10 +78,14 @@ class Relay:
         if time.monotonic() - self.last_claim > CLAIM_IDLE_MS / 1000:
             self.last_claim = time.monotonic()
             for key in self.known:
-                self.redis.xautoclaim(key, GROUP, self.consumer, min_idle_time=CLAIM_IDLE_MS, count=self.batch)
+                self.redis.xautoclaim(
+                    key, GROUP, self.consumer, min_idle_time=CLAIM_IDLE_MS, count=self.batch
+                )
         pending = self.redis.xreadgroup(GROUP, self.consumer, {k: "0" for k in self.known}, count=self.batch)
         handled = self.handle(pending)
-        fresh = self.redis.xreadgroup(GROUP, self.consumer, {k: ">" for k in self.known}, count=self.batch, block=self.block_ms)
+        fresh = self.redis.xreadgroup(
+            GROUP, self.consumer, {k: ">" for k in self.known}, count=self.batch, block=self.block_ms
+        )
         return handled + self.handle(fresh)
 
     def run_forever(self) -> None:

@@ -15,8 +15,17 @@ class StrategySearchSerializer(TeamOwnedSerializer):
     class Meta:
         model = StrategySearch
         fields = [
-            "id", "team", "state", "progress", "request", "stream", "error", "human_readable_error",
-            "created_at", "started_at", "finished_at",
+            "id",
+            "team",
+            "state",
+            "progress",
+            "request",
+            "stream",
+            "error",
+            "human_readable_error",
+            "created_at",
+            "started_at",
+            "finished_at",
         ]
         read_only_fields = fields
 

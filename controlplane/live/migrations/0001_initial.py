@@ -4,28 +4,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='StreamEvent',
+            name="StreamEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('stream', models.CharField(max_length=64)),
-                ('seq', models.BigIntegerField()),
-                ('time', models.DateTimeField()),
-                ('kind', models.CharField(max_length=16)),
-                ('step', models.BigIntegerField(blank=True, null=True)),
-                ('values', models.JSONField(default=dict)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("stream", models.CharField(max_length=64)),
+                ("seq", models.BigIntegerField()),
+                ("time", models.DateTimeField()),
+                ("kind", models.CharField(max_length=16)),
+                ("step", models.BigIntegerField(blank=True, null=True)),
+                ("values", models.JSONField(default=dict)),
             ],
             options={
-                'ordering': ['stream', 'seq'],
-                'indexes': [models.Index(fields=['stream', 'step'], name='streamevent_stream_step')],
-                'constraints': [models.UniqueConstraint(fields=('stream', 'seq'), name='unique_stream_seq')],
+                "ordering": ["stream", "seq"],
+                "indexes": [models.Index(fields=["stream", "step"], name="streamevent_stream_step")],
+                "constraints": [models.UniqueConstraint(fields=("stream", "seq"), name="unique_stream_seq")],
             },
         ),
     ]

@@ -19,7 +19,9 @@ class Command(BaseCommand):
         team = user.teams.first()
         if not TrainingJob.objects.filter(team=team).exists():
             TrainingJob.objects.create(
-                team=team, name="demo", created_by=user,
+                team=team,
+                name="demo",
+                created_by=user,
                 config={"about": "a demo job whose live stream the dashboard follows; send it a live probe"},
             )
         creds = settings.VAR_DIR / "demo_credentials.json"
@@ -33,7 +35,11 @@ class Command(BaseCommand):
         self.stdout.write(f"  cann-train is starting at {opts['url']}")
         if password:
             self.stdout.write(f"  log in as: {user.username}   password: {password}")
-            self.stdout.write(f"  (kept in {creds}; change it with: python manage.py changepassword {user.username})")
+            self.stdout.write(
+                f"  (kept in {creds}; change it with: python manage.py changepassword {user.username})"
+            )
         else:
-            self.stdout.write(f"  log in as {user.username} (reset: python manage.py changepassword {user.username})")
+            self.stdout.write(
+                f"  log in as {user.username} (reset: python manage.py changepassword {user.username})"
+            )
         self.stdout.write(line)

@@ -1,0 +1,15 @@
+# One image for the web (daphne), the Celery worker and the relay.
+FROM python:3.11-slim-bookworm
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
+RUN apt-get update && apt-get install -y --no-install-recommends g++ iproute2 && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY controlplane controlplane
+COPY workers workers
+COPY native_ops native_ops
+COPY frontend frontend
+COPY manage.py ./
+RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu -e . \
+ && (python -m native_ops build || echo "native kernels not built; the torch fallback will be used")
+EXPOSE 8000
+CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "controlplane.asgi:application"]

@@ -1,0 +1,171 @@
+"""Fixtures that start real processes: daphne (ASGI), a Celery worker and the live relay, on the test
+database and the test Redis; plus users, teams and tokens."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url_for_children() -> str:
+    """The URL of the database the tests use (after pytest-django created it)."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    user = s.get("USER") or ""
+    auth = f"{user}:{s.get('PASSWORD')}@" if s.get("PASSWORD") else (f"{user}@" if user else "")
+    return f"postgres://{auth}{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
+@dataclass
+class Stack:
+    """Real daphne + Celery worker + relay processes."""
+
+    base_url: str
+    ws_url: str
+    redis_url: str
+    env: dict
+    procs: dict = field(default_factory=dict)
+    logs: dict = field(default_factory=dict)
+
+    def log_tail(self, name: str, n: int = 4000) -> str:
+        path = self.logs.get(name)
+        return path.read_text()[-n:] if path and path.exists() else ""
+
+    def wait_healthy(self, timeout: float = 60) -> dict:
+        import json
+
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/healthz", timeout=5) as r:
+                    return json.loads(r.read())
+            except Exception as exc:  # noqa: BLE001 - keep polling until healthy or timeout
+                last = exc
+            time.sleep(0.3)
+        raise TimeoutError(
+            f"stack not healthy after {timeout}s: {last}\n" + "\n".join(self.log_tail(n) for n in self.procs)
+        )
+
+
+def start_stack(
+    *, redis_url: str, database_url: str, name: str, worker_queues: str = "default,planning,training"
+) -> Stack:
+    from controlplane.stack import free_port
+
+    port = free_port()
+    run_dir = Path(os.environ["CANN_TRAIN_VAR_DIR"]) / f"stack-{name}-{os.getpid()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "PYTHONUNBUFFERED": "1",
+        "CANN_TRAIN_VAR_DIR": str(run_dir),
+    }
+    env.pop("CANN_TRAIN_TEST_SQLITE", None)
+    py = sys.executable
+    commands = {
+        "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+        "worker": [
+            py,
+            "-m",
+            "celery",
+            "-A",
+            "workers.celery",
+            "worker",
+            "-Q",
+            worker_queues,
+            "-P",
+            "threads",
+            "-c",
+            "4",
+            "-n",
+            f"{name}-{os.getpid()}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "INFO",
+        ],
+        "relay": [py, "manage.py", "relay"],
+    }
+    stack = Stack(
+        base_url=f"http://127.0.0.1:{port}",
+        ws_url=f"ws://127.0.0.1:{port}/ws/live/",
+        redis_url=redis_url,
+        env=env,
+    )
+    for proc_name, cmd in commands.items():
+        log = run_dir / f"{proc_name}.log"
+        stack.logs[proc_name] = log
+        stack.procs[proc_name] = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return stack
+
+
+def stop_stack(stack: Stack) -> None:
+    from controlplane.stack import stop
+
+    stop(list(stack.procs.values()))
+
+
+@pytest.fixture(scope="session")
+def live_stack(django_db_setup, django_db_blocker):
+    """daphne + Celery worker + relay on the test database and the test Redis, for the whole session."""
+    with django_db_blocker.unblock():
+        url = database_url_for_children()
+    stack = start_stack(redis_url=os.environ["REDIS_URL"], database_url=url, name="main")
+    try:
+        stack.wait_healthy()
+        yield stack
+    finally:
+        stop_stack(stack)
+
+
+# --- people -------------------------------------------------------------------------------------------
+PASSWORD = "correct-horse-battery-staple"
+
+
+@pytest.fixture
+def make_member():
+    """make_member("alice", "Team A") -> user in that team (team created when new). The test enables the
+    database itself (`db` or `transactional_db`)."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.accounts.models import Membership, Team
+    from controlplane.accounts.services import team_create
+
+    def make(username: str, team_name: str):
+        user = get_user_model().objects.create_user(username=username, password=PASSWORD)
+        team = Team.objects.filter(name=team_name).first() or team_create(name=team_name)
+        Membership.objects.create(team=team, user=user)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def token_for():
+    from controlplane.accounts.services import token_issue
+
+    def issue(user, name: str = "tests") -> str:
+        return token_issue(user=user, name=name)[1]
+
+    return issue

@@ -1,0 +1,147 @@
+"""A real Celery worker publishes; a real websocket client on a real daphne receives, in order, and
+resumes from the last seq it saw."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+from asgiref.sync import sync_to_async
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+async def recv_json(ws, timeout=20.0):
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def recv_events(ws, n, timeout=20.0):
+    events = []
+    while len(events) < n:
+        m = await recv_json(ws, timeout)
+        if "seq" in m and "type" not in m:
+            events.append(m)
+    return events
+
+
+def connect(stack, token):
+    return websockets.connect(stack.ws_url, additional_headers={"Authorization": f"Token {token}"})
+
+
+@pytest.fixture
+def job_of_alice(make_member, token_for):
+    from controlplane.jobs.models import TrainingJob
+
+    alice = make_member("alice", "Team A")
+    job = TrainingJob.objects.create(team=alice.teams.first(), name="j", config={})
+    return job, token_for(alice)
+
+
+async def test_worker_event_reaches_websocket_in_order_and_resumes(live_stack, job_of_alice):
+    from workers.tasks.health import probe
+
+    job, token = job_of_alice
+    async with connect(live_stack, token) as ws:
+        await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 0}))
+        assert (await recv_json(ws)) == {"type": "subscribed", "stream": job.stream, "last_seq": 0}
+        await sync_to_async(probe.apply_async)((job.stream, "first", 5), queue="default", ignore_result=False)
+        first = await recv_events(ws, 5)
+    assert [e["seq"] for e in first] == [1, 2, 3, 4, 5]
+    assert [e["values"]["n"] for e in first] == [1, 2, 3, 4, 5]
+    assert all(
+        e["stream"] == job.stream and e["kind"] == "event" and e["values"]["source"] == "celery"
+        for e in first
+    )
+
+    # published while the client is away
+    result = await sync_to_async(probe.apply_async)(
+        (job.stream, "missed", 3), queue="default", ignore_result=False
+    )
+    assert await sync_to_async(result.get)(timeout=20) == 8
+
+    async with connect(live_stack, token) as ws:
+        await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 5}))
+        missed = await recv_events(ws, 3)
+        assert (await recv_json(ws))["type"] == "subscribed"
+        await sync_to_async(probe.apply_async)((job.stream, "after", 1), queue="default", ignore_result=False)
+        live = await recv_events(ws, 1)
+    assert [e["seq"] for e in missed] == [6, 7, 8]
+    assert [e["values"]["message"] for e in missed] == ["missed"] * 3
+    assert live[0]["seq"] == 9
+
+
+async def test_history_survives_redis_losing_the_stream(live_stack, job_of_alice):
+    """The relay persists every event; a client asking from seq 0 after Redis dropped the stream
+    still gets everything, from the database."""
+    import redis
+
+    from controlplane.live.models import StreamEvent
+    from workers.events import stream_key
+    from workers.tasks.health import probe
+
+    job, token = job_of_alice
+    result = await sync_to_async(probe.apply_async)(
+        (job.stream, "kept", 4), queue="default", ignore_result=False
+    )
+    assert await sync_to_async(result.get)(timeout=20) == 4
+    for _ in range(100):
+        if await sync_to_async(StreamEvent.objects.filter(stream=job.stream).count)() == 4:
+            break
+        await asyncio.sleep(0.1)
+    redis.Redis.from_url(live_stack.redis_url).xtrim(stream_key(job.stream), maxlen=1)
+
+    async with connect(live_stack, token) as ws:
+        await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 0}))
+        replay = await recv_events(ws, 4)
+    assert [e["seq"] for e in replay] == [1, 2, 3, 4]
+    assert [e["values"]["n"] for e in replay] == [1, 2, 3, 4]
+
+
+async def test_other_teams_stream_is_refused(live_stack, job_of_alice, make_member, token_for):
+    job, _ = job_of_alice
+    bob = await sync_to_async(make_member)("bob", "Team B")
+    bob_token = await sync_to_async(token_for)(bob)
+    async with connect(live_stack, bob_token) as ws:
+        await ws.send(json.dumps({"action": "subscribe", "stream": job.stream}))
+        answer = await recv_json(ws)
+        await ws.send(json.dumps({"action": "subscribe", "stream": "job/not-a-number"}))
+        bad = await recv_json(ws)
+    assert answer["type"] == "error" and answer["code"] == "not_found"
+    assert bad["type"] == "error" and bad["code"] == "bad_request"
+
+
+async def test_anonymous_and_revoked_sockets_are_closed(live_stack, job_of_alice):
+    from controlplane.accounts.models import ApiToken
+    from controlplane.accounts.services import token_revoke
+
+    _, token = job_of_alice
+    # no credential and no Origin: the handshake itself is refused
+    with pytest.raises(websockets.exceptions.InvalidStatus):
+        async with websockets.connect(live_stack.ws_url) as ws:
+            await recv_json(ws, 5)
+    # an allowed Origin but no session: accepted, then closed with 4401
+    with _closes_4401():
+        async with websockets.connect(live_stack.ws_url, origin="http://127.0.0.1") as ws:
+            await recv_json(ws, 5)
+    with _closes_4401():
+        async with websockets.connect(
+            live_stack.ws_url, additional_headers={"Authorization": "Token ct_x_y"}
+        ) as ws:
+            await recv_json(ws, 5)
+    row = await sync_to_async(ApiToken.objects.get)(user__username="alice")
+    await sync_to_async(token_revoke)(token=row)
+    with _closes_4401():
+        async with connect(live_stack, token) as ws:
+            await recv_json(ws, 5)
+
+
+class _closes_4401:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        assert exc_type is not None and issubclass(exc_type, websockets.exceptions.ConnectionClosed), exc
+        assert exc.rcvd.code == 4401
+        return True
