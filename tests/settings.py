@@ -21,7 +21,9 @@ if not os.environ.get("CANN_TRAIN_TEST_REDIS_URL"):
 
     _port = free_port()
     _redis = start_embedded_redis(_port, _RUN_DIR / "redis")
-    atexit.register(stop, [_redis])
+    _owner = os.getpid()
+    # only the process that started it stops it (a forked child inherits atexit handlers)
+    atexit.register(lambda: os.getpid() == _owner and stop([_redis]))
     os.environ["CANN_TRAIN_TEST_REDIS_URL"] = f"redis://127.0.0.1:{_port}/0"
 os.environ["REDIS_URL"] = os.environ["CANN_TRAIN_TEST_REDIS_URL"]
 
