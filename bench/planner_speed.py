@@ -1,0 +1,70 @@
+"""Planner speed: the seed scenario (contracts/model-moe.json, 1.25T params, 128 experts, on
+contracts/cluster-atlas900.json, 1,024 NPUs) fully searched, best of a few runs, against the 2 s target.
+
+    .venv/bin/python bench/planner_speed.py [--repeat 3] [--contracts ../shared/contracts]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search  # noqa: E402
+from workers.planner.search import clear_caches  # noqa: E402
+
+TARGET_S = 2.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--contracts", default=str(ROOT.parent / "shared" / "contracts"))
+    args = parser.parse_args()
+    c = Path(args.contracts)
+    model = ModelSpec.from_dict(json.loads((c / "model-moe.json").read_text()))
+    cluster = ClusterSpec.from_dict(json.loads((c / "cluster-atlas900.json").read_text()))
+    training = TrainingConfig.from_dict(json.loads((c / "training.json").read_text()))
+    params = model.parameter_count()["total"]
+    print(
+        f"seed scenario: {model.name} ({params / 1e12:.3f}T params, {model.moe.num_experts} experts) "
+        f"on {cluster.name} ({cluster.num_devices} devices), global batch {training.global_batch_size}"
+    )
+    times = []
+    result = None
+    for i in range(args.repeat):
+        clear_caches()  # cold: the scaling baseline search is included every time
+        t0 = time.perf_counter()
+        result = search(model, cluster, training, top_k=10)
+        times.append(time.perf_counter() - t0)
+        print(f"  run {i + 1}: {times[-1]:.3f} s")
+    st = result.stats
+    best = result.best
+    print(
+        f"layouts evaluated: {st['evaluated']:,}  feasible: {st['feasible']:,}  pareto: {st['pareto_size']}"
+    )
+    print("rejected: " + ", ".join(f"{k}: {v:,}" for k, v in st["rejected"].items()))
+    if best:
+        s, p = best.strategy, best.predicted
+        print(
+            f"best: tp={s.tp} pp={s.pp} dp={s.dp} ep={s.ep} cp={s.cp} vpp={s.vpp} mbs={s.micro_batch_size} "
+            f"recompute={s.recompute} zero={s.zero_stage} sp={s.sequence_parallel} -> "
+            f"{p['step_time_s']:.2f} s/step, {p['tokens_per_s']:,.0f} tokens/s, MFU {p['mfu']:.3f}, "
+            f"{p['memory_GiB_per_device']['total']:.1f} GiB"
+        )
+    fastest = min(times)
+    verdict = "PASS" if fastest <= TARGET_S else "FAIL"
+    print(
+        f"full search time (best of {args.repeat}, incl. scaling baseline): {fastest:.3f} s "
+        f"(median {sorted(times)[len(times) // 2]:.3f} s); target <= {TARGET_S:.1f} s: {verdict}"
+    )
+    return 0 if fastest <= TARGET_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

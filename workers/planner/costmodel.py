@@ -1,0 +1,659 @@
+"""The analytical cost model: FLOPs, memory and communication of a parallel layout, vectorised.
+
+Every function takes a :class:`Layouts` (one numpy array per strategy field, one element per candidate)
+so that ``evaluate`` (one layout) and ``search`` (a million) run the same code. Only numpy is imported.
+
+Units: bytes, seconds, FLOPs. ``T`` is tokens per micro-batch on one context-parallel rank
+(``micro_batch_size * seq_length / cp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .hardware import Efficiency
+from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
+
+GiB = float(1 << 30)
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
+
+
+@dataclass
+class Layouts:
+    """Candidate strategies as parallel numpy arrays (recompute coded 0 none, 1 selective, 2 full)."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    cp: np.ndarray
+    vpp: np.ndarray
+    mbs: np.ndarray
+    rc: np.ndarray
+    zero: np.ndarray
+    sp: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Broadcast shape of the fields: (n,) for a flat list, (rows, extras) for a factored grid."""
+        return np.broadcast_shapes(*(getattr(self, f.name).shape for f in fields(self)))
+
+    def __len__(self) -> int:
+        return int(np.prod(self.shape))
+
+    @classmethod
+    def from_strategies(cls, strategies: list[Strategy]) -> Layouts:
+        def col(name, conv=int):
+            return np.array([conv(getattr(s, name)) for s in strategies], dtype=np.int64)
+
+        return cls(
+            tp=col("tp"),
+            pp=col("pp"),
+            dp=col("dp"),
+            ep=col("ep"),
+            cp=col("cp"),
+            vpp=col("vpp"),
+            mbs=col("micro_batch_size"),
+            rc=np.array([RECOMPUTE_CODES[s.recompute] for s in strategies]),
+            zero=col("zero_stage"),
+            sp=col("sequence_parallel", lambda v: 1 if v else 0),
+        )
+
+    @classmethod
+    def grid(cls, base: np.ndarray, rcs, zeros, sps) -> Layouts:
+        """A factored grid: ``base`` rows (tp, cp, pp, dp, ep, vpp, mbs) times the recompute, ZeRO and
+        sequence-parallel options, as arrays of shape (rows,1,1,1), (1,R,1,1), (1,1,Z,1), (1,1,1,S) that
+        numpy broadcasts: a term is computed once per distinct value of the fields it depends on."""
+        b = [base[:, i].reshape(-1, 1, 1, 1) for i in range(7)]
+        return cls(
+            tp=b[0],
+            cp=b[1],
+            pp=b[2],
+            dp=b[3],
+            ep=b[4],
+            vpp=b[5],
+            mbs=b[6],
+            rc=np.asarray(rcs, dtype=np.int64).reshape(1, -1, 1, 1),
+            zero=np.asarray(zeros, dtype=np.int64).reshape(1, 1, -1, 1),
+            sp=np.asarray(sps, dtype=np.int64).reshape(1, 1, 1, -1),
+        )
+
+    def take(self, idx) -> Layouts:
+        """Rows of a flat list."""
+        return Layouts(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def flat(self, index: tuple[np.ndarray, ...] | None = None) -> Layouts:
+        """A flat list of the layouts at ``index`` (a tuple from ``np.nonzero`` on the grid shape)."""
+        shape = self.shape
+        out = {}
+        for f in fields(self):
+            arr = np.broadcast_to(getattr(self, f.name), shape)
+            out[f.name] = arr[index] if index is not None else arr.reshape(-1)
+        return Layouts(**out)
+
+    def strategy(self, i: int, order: str = "tp-cp-ep-dp-pp") -> Strategy:
+        """The i-th layout of a flat list as a :class:`Strategy`."""
+        return Strategy(
+            tp=int(self.tp[i]),
+            pp=int(self.pp[i]),
+            dp=int(self.dp[i]),
+            ep=int(self.ep[i]),
+            cp=int(self.cp[i]),
+            vpp=int(self.vpp[i]),
+            micro_batch_size=int(self.mbs[i]),
+            recompute=RECOMPUTE_NAMES[int(self.rc[i])],
+            zero_stage=int(self.zero[i]),
+            sequence_parallel=bool(self.sp[i]),
+            order=order,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Placement: which links a parallel group crosses
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupLinks:
+    """Per candidate: size of a group, members per node, and the bandwidth/latency it sees."""
+
+    size: np.ndarray
+    per_node: np.ndarray  # members of the group inside one node
+    inter: np.ndarray  # bool: crosses nodes
+    bw_intra: np.ndarray  # achieved bytes/s per device inside the node
+    bw_inter: np.ndarray  # achieved bytes/s per device across nodes, after oversubscription
+    lat_intra: float
+    lat_inter: float
+
+
+def group_strides(layouts: Layouts, order: str) -> dict[str, np.ndarray]:
+    """Rank stride of each group kind for a placement ``order`` (innermost first), e.g. tp-cp-ep-dp-pp.
+
+    Dense groups ignore ``ep``; the EP group takes ``ep`` consecutive members of the combined cp*dp
+    dimension starting at its innermost part (Megatron-Core RankGenerator, expert decomposition), and
+    the expert-data-parallel group the remaining ``cp*dp/ep`` members.
+    """
+    dense = [p for p in order.split("-") if p != "ep"]
+    sizes = {"tp": layouts.tp, "cp": layouts.cp, "dp": layouts.dp, "pp": layouts.pp}
+    stride = {}
+    acc = np.ones_like(layouts.tp)
+    for name in dense:
+        stride[name] = acc
+        acc = acc * sizes[name]
+    inner = "cp" if dense.index("cp") < dense.index("dp") else "dp"
+    # the cp*dp block is contiguous only when cp and dp are adjacent in the order; otherwise the EP group
+    # follows the innermost of the two (a conservative choice: wider stride)
+    stride["ep"] = stride[inner]
+    outer = "dp" if inner == "cp" else "cp"
+    adjacent = abs(dense.index("cp") - dense.index("dp")) == 1
+    # expert-data-parallel: stride past the EP members inside the block
+    stride["edp"] = np.where(adjacent, stride[inner] * layouts.ep, stride[outer])
+    return stride
+
+
+def group_links(cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride: np.ndarray) -> GroupLinks:
+    """Links crossed by groups of ``size`` ranks spaced ``stride`` apart, ranks filling nodes in order."""
+    n = cluster.devices_per_node
+    size = np.asarray(size, dtype=np.int64)
+    stride = np.asarray(stride, dtype=np.int64)
+    span = size * stride  # ranks from the first member to one past the last
+    inter = span > n
+    per_node = np.where(inter, np.maximum(1, n // np.maximum(stride, 1)), size)
+    per_node = np.minimum(per_node, size)
+    span_nodes = np.ceil(span / n)
+    # switch tiers: traffic that leaves a tier-i domain is limited by the product of the
+    # oversubscriptions below it (fat-tree taper, Leiserson 1985)
+    factor = np.ones(span.shape, dtype=np.float64)
+    taper = 1.0
+    for tier in cluster.tiers:
+        factor = np.where(span_nodes > tier.nodes, taper * tier.oversubscription, factor)
+        taper *= tier.oversubscription
+    bw_inter = cluster.inter_node.bandwidth_GBps * 1e9 * eff.collective_efficiency_inter / factor
+    bw_intra = np.full(span.shape, cluster.intra_node.bandwidth_GBps * 1e9 * eff.collective_efficiency_intra)
+    return GroupLinks(
+        size,
+        per_node,
+        inter,
+        bw_intra,
+        bw_inter,
+        cluster.intra_node.latency_us * 1e-6,
+        cluster.inter_node.latency_us * 1e-6,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Collectives (alpha-beta model)
+# --------------------------------------------------------------------------------------------------
+
+
+def all_reduce_time(g: GroupLinks, nbytes) -> np.ndarray:
+    """All-reduce of ``nbytes`` per rank: best of flat ring, hierarchical and double-binary tree."""
+    p = g.size.astype(np.float64)
+    k = g.per_node.astype(np.float64)
+    nodes = np.maximum(1.0, p / k)
+    lat = np.where(g.inter, g.lat_inter, g.lat_intra)
+    # ring: 2(p-1) alpha + 2(p-1)/p n/B (Thakur, Rabenseifner & Gropp 2005, eq. for ring allreduce);
+    # across nodes the k rings of a node use k NICs, so the inter-node edges carry n/k each
+    ring_bw = np.where(g.inter, np.minimum(g.bw_intra, k * g.bw_inter), g.bw_intra)
+    ring = 2 * (p - 1) * lat + 2 * (p - 1) / p * nbytes / ring_bw
+    # hierarchical: intra reduce-scatter, inter all-reduce on n/k, intra all-gather (Jia et al. 2018, 2D ring)
+    hier = (
+        2 * (k - 1) * g.lat_intra
+        + 2 * (k - 1) / k * nbytes / g.bw_intra
+        + 2 * (nodes - 1) * g.lat_inter
+        + 2 * (nodes - 1) / nodes * (nbytes / k) / g.bw_inter
+    )
+    # double binary tree: 2 log2(p) alpha + 2 n / B at full pipelining (Sanders et al. 2009)
+    tree = 2 * np.log2(np.maximum(p, 2)) * lat + 2 * nbytes / ring_bw
+    best = np.minimum(ring, np.where(g.inter, np.minimum(hier, tree), tree))
+    return np.where(p > 1, best, 0.0)
+
+
+def reduce_scatter_time(g: GroupLinks, nbytes) -> np.ndarray:
+    """Reduce-scatter (or all-gather) of an ``nbytes`` buffer: half an all-reduce (Thakur et al. 2005)."""
+    return 0.5 * all_reduce_time(g, nbytes)
+
+
+def all_to_all_time(g: GroupLinks, nbytes) -> np.ndarray:
+    """All-to-all where each rank holds ``nbytes`` destined evenly to all ranks: (p-1) alpha, with the
+    intra-node and inter-node shares moving concurrently (pairwise exchange, Thakur et al. 2005)."""
+    p = g.size.astype(np.float64)
+    k = g.per_node.astype(np.float64)
+    intra = (k - 1) / p * nbytes / g.bw_intra
+    inter = (p - k) / p * nbytes / g.bw_inter
+    lat = np.where(g.inter, g.lat_inter, g.lat_intra)
+    return np.where(p > 1, (p - 1) * lat + np.maximum(intra, inter), 0.0)
+
+
+def p2p_time(g: GroupLinks, nbytes) -> np.ndarray:
+    """Point-to-point send of ``nbytes`` between neighbours of the group: alpha + n / B."""
+    lat = np.where(g.inter, g.lat_inter, g.lat_intra)
+    bw = np.where(g.inter, g.bw_inter, g.bw_intra)
+    return np.where(g.size > 1, lat + nbytes / bw, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Compute
+# --------------------------------------------------------------------------------------------------
+
+
+def gemm_efficiency(eff: Efficiency, m, n, k) -> np.ndarray:
+    """Achieved / peak for an (m x k) @ (k x n) GEMM: a saturating curve in arithmetic intensity
+    I = mnk / (mk + kn + mn) (roofline, Williams et al. 2009; smooth blend calibrated per device)."""
+    intensity = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
+    return eff.gemm_max * intensity / (intensity + eff.gemm_half_intensity)
+
+
+def gemm_time(eff: Efficiency, peak_flops: float, count, m, n, k) -> np.ndarray:
+    """Seconds for ``count`` GEMMs of shape (m, n, k) at 2mnk FLOPs each."""
+    m = np.maximum(m, 1.0)
+    return count * 2.0 * m * n * k / (peak_flops * gemm_efficiency(eff, m, n, k))
+
+
+class CostModel:
+    """Cost of layouts of one (model, cluster, training) triple; see the module docstring."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        cluster: ClusterSpec,
+        training: TrainingConfig,
+        eff: Efficiency,
+        order: str = "tp-cp-ep-dp-pp",
+    ):
+        self.model, self.cluster, self.training, self.eff, self.order = model, cluster, training, eff, order
+        dev = cluster.device
+        dtype = training.dtype
+        peak = dev.peak_tflops.get(dtype) or dev.peak_tflops.get("bf16") or max(dev.peak_tflops.values())
+        self.peak_flops = float(peak) * 1e12
+        self.mem_bw = dev.memory_bandwidth_GBps * 1e9 * eff.memory_bandwidth_efficiency
+        self.memory_bytes = dev.memory_GiB * GiB
+        # 16-bit activations for bf16/fp16/fp8 (fp8 GEMMs keep bf16 activations), fp32 otherwise
+        self.act_bytes = 4.0 if dtype == "fp32" else 2.0
+        self.weight_bytes = 4.0 if dtype == "fp32" else 2.0
+        self.grad_bytes = self.weight_bytes
+        # optimizer state bytes per parameter: mixed precision keeps an fp32 master copy
+        # (Rajbhandari et al. 2020, ZeRO §3: K = 12 for mixed-precision Adam)
+        master = 0.0 if dtype == "fp32" else 4.0
+        moments = 8.0 if training.optimizer in ("adam", "adamw") else 4.0
+        self.optimizer_bytes = master + moments
+        m = model
+        self.mats = 3 if m.activation in ("swiglu", "geglu") else 2
+        self.params = m.parameter_count()
+        self.n_moe = m.num_moe_layers
+        self.n_dense = m.num_layers - self.n_moe
+        moe = m.moe
+        if moe is not None:
+            imb = moe.load_imbalance
+            # tokens above capacity are dropped, so the busiest rank never gets more than cf x its share
+            self.moe_load = min(imb, moe.capacity_factor) if moe.capacity_factor else imb
+        else:
+            self.moe_load = 1.0
+
+    # ---------------------------------------------------------------- parameters and memory
+    def stage_parameters(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Parameters held by one device of the heaviest stage, before ZeRO sharding: ``dense`` (replicated
+        across data parallel) and ``expert`` (sharded by EP), as float arrays."""
+        m, p = self.model, L.pp.astype(np.float64)
+        t = L.tp.astype(np.float64)
+        per_layer_dense = self.params["attention"] / m.num_layers
+        dense_mlp = self.params["dense_mlp"] / max(self.n_dense, 1)
+        shared = self.params["shared"] / max(self.n_moe, 1)
+        experts = self.params["experts"] / max(self.n_moe, 1)
+        layers_dense = self.n_dense / p
+        layers_moe = self.n_moe / p
+        # Megatron-LM: every matrix is split by TP (vocab-parallel embedding too); norms are replicated
+        body = (layers_dense * (per_layer_dense + dense_mlp) + layers_moe * (per_layer_dense + shared)) / t
+        norms = 4 * m.hidden_size * (m.num_layers / p)
+        emb = m.vocab_size * m.hidden_size / t
+        # p == 1: one stage holds input embedding and output layer; p > 1: first has the embedding, last
+        # the output layer (plus a copy of the embedding when tied)
+        edge = np.where(p > 1, emb, emb * (1 if m.tied_embeddings else 2))
+        expert = layers_moe * experts / (L.ep * t)
+        return {"dense": body + norms + edge, "expert": expert}
+
+    def layer_activation_bytes(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Korthikanti et al. 2022 activation bytes of one layer and one micro-batch on one device, split
+        into ``replicated`` (not split by TP unless sequence parallel), ``split`` (split by TP) and
+        ``core`` (attention scores, softmax, dropout: the 5as^2b term), for dense and MoE layers."""
+        m = self.model
+        h, a, hd = m.hidden_size, m.num_attention_heads, m.head_dim
+        kvd = m.num_kv_heads * hd
+        s = m.seq_length
+        s_loc = s / L.cp
+        T = L.mbs * s_loc
+        scale = self.act_bytes / 2.0
+        # Korthikanti et al. 2022 §4.1: 10sbh not split by TP (2 LayerNorm inputs 4sbh, QKV input 2sbh,
+        # MLP input 2sbh, two dropout masks sbh each)
+        replicated = 10.0 * T * h
+        # Q, K, V (GQA: K and V have kv_heads) and the projection input: 2sbh + 4sbh in eq. 1 when kv = a
+        attn_split = 2 * T * h + 4 * T * kvd + 2 * T * h
+        f = m.ffn_hidden_size
+        # MLP: activation input and output, 16sbh for gelu with f = 4h (eq. 1); gated: two inputs + output
+        mlp_split = (6.0 if self.mats == 3 else 4.0) * T * f
+        # attention core 5as^2b: softmax 2, dropout mask 1, dropout output 2 (eq. 1); CP keeps s/cp queries
+        core = 0.0 if self.training.flash_attention else 5.0 * a * s_loc * s * L.mbs
+        out = {
+            "replicated": replicated * scale,
+            "dense_split": (attn_split + mlp_split) * scale,
+            "core": core * scale,
+        }
+        if m.moe is not None:
+            fe = m.moe.expert_ffn_hidden_size
+            routed = T * m.moe.top_k * self.moe_load
+            expert_act = routed * (2 * h + (6.0 if self.mats == 3 else 4.0) * fe)
+            shared_act = (6.0 if self.mats == 3 else 4.0) * T * fe * m.moe.num_shared_experts
+            out["moe_split"] = (attn_split + expert_act + shared_act) * scale
+        else:
+            out["moe_split"] = out["dense_split"]
+        return out
+
+    def memory(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Bytes per device on the heaviest stage: params, grads, optimizer, activations, total."""
+        m = self.model
+        t = L.tp.astype(np.float64)
+        p = L.pp.astype(np.float64)
+        v = L.vpp.astype(np.float64)
+        dpcp = (L.dp * L.cp).astype(np.float64)
+        params = self.stage_parameters(L)
+        dense, expert = params["dense"], params["expert"]
+        edp = dpcp / L.ep  # expert-data-parallel size
+        z = L.zero
+        # ZeRO (Rajbhandari et al. 2020 §5): stage 1 shards optimizer states, 2 also gradients, 3 also params
+        w = (
+            np.where(z >= 3, dense / dpcp, dense) + np.where(z >= 3, expert / edp, expert)
+        ) * self.weight_bytes
+        g = (np.where(z >= 2, dense / dpcp, dense) + np.where(z >= 2, expert / edp, expert)) * self.grad_bytes
+        o = (
+            np.where(z >= 1, dense / dpcp, dense) + np.where(z >= 1, expert / edp, expert)
+        ) * self.optimizer_bytes
+
+        act = self.layer_activation_bytes(L)
+        sp = L.sp.astype(bool)
+        rep = np.where(sp, act["replicated"] / t, act["replicated"])
+        core_keep = np.where(L.rc == 0, act["core"] / t, 0.0)  # selective and full drop the 5as^2b term
+        per_dense = rep + act["dense_split"] / t + core_keep
+        per_moe = rep + act["moe_split"] / t + core_keep
+        full_dense = rep + act["dense_split"] / t + act["core"] / t
+        full_moe = rep + act["moe_split"] / t + act["core"] / t
+        T = L.mbs * m.seq_length / L.cp
+        # full recompute keeps only each layer's input, 2sbh (Korthikanti et al. 2022 §5, /t with SP)
+        checkpoint = np.where(sp, 2.0 * T * m.hidden_size / t, 2.0 * T * m.hidden_size) * (self.act_bytes / 2)
+        per_dense = np.where(L.rc == 2, checkpoint, per_dense)
+        per_moe = np.where(L.rc == 2, checkpoint, per_moe)
+        stage_layers = (self.n_dense * per_dense + self.n_moe * per_moe) / p
+        micro = np.floor_divide(self._global_batch(), L.dp * L.mbs).astype(np.float64)
+        in_flight = np.minimum(p, micro)
+        # Korthikanti et al. 2022 eq. 5: the first stage holds p micro-batches of L/p layers; interleaving
+        # multiplies by (1 + (p-1)/(p v))
+        interleave = np.where(v > 1, 1.0 + (p - 1) / (p * v), 1.0)
+        first = stage_layers * in_flight * interleave
+        # recomputing a layer in backward materialises its full activations once (Korthikanti §5)
+        working = np.where(L.rc == 2, np.maximum(full_dense, np.where(self.n_moe > 0, full_moe, 0.0)), 0.0)
+        working = working + np.where(L.rc == 1, act["core"] / t, 0.0)
+        # last stage: one micro-batch in flight, plus fp32 logits and their gradient for the loss
+        # (Korthikanti et al. 2022 §4.3: 4sbv/t for the output layer and cross entropy)
+        logits = 4.0 * T * m.vocab_size / t * 2
+        last = stage_layers * 1.0 + logits
+        activations = np.maximum(first, last) + working
+        framework = self.eff.framework_overhead_GiB * GiB
+        total = w + g + o + activations + framework
+        return {"params": w, "grads": g, "optimizer": o, "activations": activations, "total": total}
+
+    def _global_batch(self) -> int:
+        return self.training.global_batch_size
+
+    # ---------------------------------------------------------------- FLOPs
+    def forward_flops_per_sequence(self) -> dict[str, float]:
+        """Forward FLOPs of one sequence through the whole model (2 FLOPs per multiply-add), by part:
+        ``layers`` (GEMMs incl. the s^2 attention term), ``core`` (the attention-score part of it) and
+        ``logits``. Narayanan et al. SC'21 eq. (3) for dense GPT: 24 s h^2 + 4 s^2 h per layer, 2 s h V."""
+        m = self.model
+        s, h, hd = m.seq_length, m.hidden_size, m.head_dim
+        kvd = m.num_kv_heads * hd
+        qkv = 2 * s * h * (h + 2 * kvd)
+        core = 2 * 2 * s * s * h  # QK^T and attention-over-V
+        proj = 2 * s * h * h
+        dense_mlp = 2 * s * h * m.ffn_hidden_size * self.mats
+        layers = m.num_layers * (qkv + core + proj) + self.n_dense * dense_mlp
+        if m.moe:
+            fe = m.moe.expert_ffn_hidden_size
+            # top-k routed experts plus shared experts and the router (Fedus et al. 2022; activated params)
+            per_token = (
+                2 * h * fe * self.mats * (m.moe.top_k + m.moe.num_shared_experts) + 2 * h * m.moe.num_experts
+            )
+            layers += self.n_moe * s * per_token
+        logits = 2 * s * h * m.vocab_size
+        return {"layers": float(layers), "core": float(m.num_layers * core), "logits": float(logits)}
+
+    # ---------------------------------------------------------------- time
+    def _layer_gemm_times(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Forward GEMM seconds of one layer and one micro-batch on one device."""
+        m, eff, P = self.model, self.eff, self.peak_flops
+        h, a, hd, s = m.hidden_size, m.num_attention_heads, m.head_dim, m.seq_length
+        kvd = m.num_kv_heads * hd
+        t = L.tp.astype(np.float64)
+        b = L.mbs.astype(np.float64)
+        s_loc = s / L.cp.astype(np.float64)
+        T = b * s_loc
+        qkv = gemm_time(eff, P, 1.0, T, (h + 2 * kvd) / t, h)
+        scores = gemm_time(eff, P, b * a / t, s_loc, s, hd)
+        context = gemm_time(eff, P, b * a / t, s_loc, hd, s)
+        proj = gemm_time(eff, P, 1.0, T, h, h / t)
+        f = m.ffn_hidden_size
+        mlp = gemm_time(eff, P, 1.0, T, (self.mats - 1) * f / t, h) + gemm_time(eff, P, 1.0, T, h, f / t)
+        out = {"attn": qkv + proj, "core": scores + context, "dense_mlp": mlp}
+        if m.moe:
+            E, fe = m.moe.num_experts, m.moe.expert_ffn_hidden_size
+            local = E / L.ep
+            # tokens one local expert sees on the busiest rank; expert tensor parallelism = tp
+            tok = T * m.moe.top_k * self.moe_load * L.ep / E
+            experts = gemm_time(eff, P, local, tok, (self.mats - 1) * fe / t, h) + gemm_time(
+                eff, P, local, tok, h, fe / t
+            )
+            ns = m.moe.num_shared_experts
+            shared = 0.0
+            if ns:
+                shared = gemm_time(eff, P, 1.0, T, (self.mats - 1) * fe * ns / t, h) + gemm_time(
+                    eff, P, 1.0, T, h, fe * ns / t
+                )
+            router = gemm_time(eff, P, 1.0, T, E, h)
+            out["moe_mlp"] = experts + shared + router
+        else:
+            out["moe_mlp"] = out["dense_mlp"]
+        out["logits"] = gemm_time(eff, P, 1.0, T, m.vocab_size / t, h)
+        return out
+
+    def timing(self, L: Layouts, memory: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Step time and its parts for each layout (seconds), plus communicated bytes per device."""
+        m, eff = self.model, self.eff
+        h = m.hidden_size
+        t = L.tp.astype(np.float64)
+        p = L.pp.astype(np.float64)
+        v = L.vpp.astype(np.float64)
+        cp = L.cp.astype(np.float64)
+        b = L.mbs.astype(np.float64)
+        s_loc = m.seq_length / cp
+        T = b * s_loc
+        micro = np.floor_divide(self.training.global_batch_size, L.dp * L.mbs).astype(np.float64)
+        rc = L.rc
+        full = (rc == 2).astype(np.float64)
+        sel = (rc == 1).astype(np.float64)
+        sp = L.sp.astype(bool)
+        passes = 3.0 + full  # forward, backward (2x forward, Narayanan et al. SC'21 §3.1) and recompute
+
+        g = self._layer_gemm_times(L)
+        # memory-bound kernels: traffic proportional to the activations they produce (forward), 2x backward
+        act = self.layer_activation_bytes(L)
+        rep = np.where(sp, act["replicated"] / t, act["replicated"])
+        ew = eff.elementwise_traffic / self.mem_bw
+        ew_core = ew * act["core"] / t
+        ew_dense = ew * (rep + act["dense_split"] / t) + ew_core
+        ew_moe = ew * (rep + act["moe_split"] / t) + ew_core
+
+        strides = group_strides(L, self.order)
+        links = {
+            "tp": group_links(self.cluster, eff, L.tp, strides["tp"]),
+            "cp": group_links(self.cluster, eff, L.cp, strides["cp"]),
+            "dp": group_links(self.cluster, eff, L.dp * L.cp, np.minimum(strides["dp"], strides["cp"])),
+            "ep": group_links(self.cluster, eff, L.ep, strides["ep"]),
+            "edp": group_links(self.cluster, eff, (L.dp * L.cp) // L.ep, strides["edp"]),
+            "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),
+        }
+        ab = self.act_bytes
+        # TP: two all-reduces per layer forward, two backward, two more when the layer is recomputed;
+        # with sequence parallelism each becomes reduce-scatter + all-gather of the same volume
+        # (Korthikanti et al. 2022 §4.2.2)
+        tp_bytes = T * h * ab
+        tp_one = all_reduce_time(links["tp"], tp_bytes)
+        tp_layer = (4.0 + 2.0 * full) * tp_one
+        tp_vol_layer = (4.0 + 2.0 * full) * 2 * (t - 1) / t * tp_bytes
+        # CP: ring attention passes K and V (cp-1) times forward, K, V and their grads backward,
+        # overlapped with the attention-core compute (Liu et al. 2023, Ring Attention)
+        kvd = m.num_kv_heads * m.head_dim
+        cp_bytes = 2 * T * kvd / t * ab
+        cp_fwd = (cp - 1) * p2p_time(links["cp"], cp_bytes)
+        cp_passes = 1.0 + 2.0 + full + sel
+        cp_exposed_layer = np.maximum(0.0, cp_fwd - g["core"]) * cp_passes
+        cp_total_layer = cp_fwd * cp_passes
+        cp_vol_layer = cp_passes * (cp - 1) * cp_bytes
+        # EP: dispatch and combine all-to-all per MoE layer per pass, the busiest rank carrying
+        # load_imbalance x its share (Lepikhin et al. 2021, GShard §2)
+        if m.moe:
+            ep_bytes = T * m.moe.top_k * self.moe_load * h * ab
+            ep_layer = 2.0 * passes * all_to_all_time(links["ep"], ep_bytes)
+            ep_vol_layer = 2.0 * passes * (L.ep - 1) / L.ep * ep_bytes
+        else:
+            ep_layer = ep_vol_layer = np.zeros_like(t)
+
+        dense_layer = (
+            passes * (g["attn"] + g["dense_mlp"] + g["core"])
+            + sel * g["core"]
+            + passes * ew_dense
+            + sel * ew_core
+            + tp_layer
+            + cp_exposed_layer
+        )
+        moe_layer = (
+            passes * (g["attn"] + g["moe_mlp"] + g["core"])
+            + sel * g["core"]
+            + passes * ew_moe
+            + sel * ew_core
+            + tp_layer
+            + cp_exposed_layer
+            + ep_layer
+        )
+        # logits GEMM forward + backward, and the fp32 softmax/cross-entropy over T x V/t (a few passes)
+        logits = 3.0 * g["logits"] + 3 * 4.0 * T * m.vocab_size / t / self.mem_bw
+        embedding = 2 * T * h * ab / t / self.mem_bw
+        edge = np.where(p > 1, np.maximum(logits, embedding), logits + embedding)
+        stage_micro = (self.n_dense * dense_layer + self.n_moe * moe_layer) / p + edge
+        compute_micro = (
+            stage_micro
+            - ((self.n_dense + self.n_moe) / p) * (tp_layer + cp_exposed_layer)
+            - (self.n_moe / p) * ep_layer
+        )
+        ideal = micro * stage_micro
+        # pipeline bubble: (p-1)/(v m) of the ideal time (Narayanan et al. SC'21 §2.2)
+        bubble = ideal * (p - 1) / (v * micro)
+        # PP: each micro-batch sends activations forward and gradients back at every one of the v chunk
+        # boundaries, split across TP ranks (Megatron scatter/gather optimisation, SC'21 §4.1)
+        pp_bytes = T * h * ab / t
+        pp_total = np.where(p > 1, micro * 2.0 * v * p2p_time(links["pp"], pp_bytes), 0.0)
+        pp_vol = np.where(p > 1, micro * 2.0 * v * pp_bytes, 0.0)
+
+        # DP: gradient all-reduce (ZeRO 0), or reduce-scatter + parameter all-gather (ZeRO >= 1);
+        # dense grads over dp*cp ranks, expert grads over the expert-data-parallel ranks
+        params = self.stage_parameters(L)
+        gb = self.grad_bytes
+        dense_b, expert_b = params["dense"] * gb, params["expert"] * gb
+        ar = all_reduce_time(links["dp"], dense_b) + all_reduce_time(links["edp"], expert_b)
+        rs = reduce_scatter_time(links["dp"], dense_b) + reduce_scatter_time(links["edp"], expert_b)
+        wb = self.weight_bytes / gb
+        ag = wb * rs  # all-gather of the updated parameters: same pattern as the reduce-scatter
+        dpcp = (L.dp * L.cp).astype(np.float64)
+        edp = dpcp / L.ep
+        dp_vol_unit = 2 * (dpcp - 1) / dpcp * dense_b + 2 * (edp - 1) / edp * expert_b
+        layers_here = (self.n_dense + self.n_moe) / p
+        bwd_micro = compute_micro * (2.0 / passes)
+        fwd_micro = compute_micro * (1.0 / passes)
+        bwd3, fwd3 = bwd_micro, fwd_micro  # FSDP/ZeRO-3 always prefetches parameters
+        z = L.zero
+        # overlap window: the backward of the last micro-batch for gradient reduction, the forward of the
+        # first micro-batch for the parameter all-gather (Megatron-Core overlap_grad_reduce/param_gather);
+        # none without overlap_grad_reduce (Megatron-LM default: reduce after the last backward)
+        if not self.training.overlap_grad_reduce:
+            bwd_micro = fwd_micro = 0.0 * bwd_micro
+        dp_total = np.where(z == 0, ar, np.where(z == 1, rs + ag, micro * rs + ag))
+        exposed0 = np.maximum(0.0, ar - bwd_micro)
+        exposed1 = np.maximum(0.0, rs - bwd_micro) + np.maximum(0.0, ag - fwd_micro)
+        exposed2 = micro * np.maximum(0.0, rs - bwd_micro) + np.maximum(0.0, ag - fwd_micro)
+        # ZeRO-3 gathers parameters before each forward and backward (and recompute) of every micro-batch
+        ag3 = micro * (2.0 + full) * ag
+        exposed3 = micro * (
+            np.maximum(0.0, (1.0 + full) * ag - fwd3 * (1.0 + full)) + np.maximum(0.0, ag + rs - bwd3)
+        )
+        dp_total = np.where(z == 3, ag3 + micro * rs, dp_total)
+        dp_exposed = np.select([z == 0, z == 1, z == 2], [exposed0, exposed1, exposed2], exposed3)
+        dp_vol = np.select(
+            [z <= 1, z == 2],
+            [dp_vol_unit, dp_vol_unit * (micro + 1) / 2],
+            dp_vol_unit * micro * (3.0 + full) / 2,
+        )
+        dp_exposed = np.where(dpcp > 1, dp_exposed, 0.0)
+        dp_total = np.where(dpcp > 1, dp_total, 0.0)
+
+        # optimizer step: memory bound, ~28 bytes moved per mixed-precision Adam parameter
+        # (read master, m, v, grad; write master, m, v, 16-bit copy)
+        opt_params = np.where(
+            z >= 1, params["dense"] / dpcp + params["expert"] / edp, params["dense"] + params["expert"]
+        )
+        opt_time = opt_params * (2 * self.optimizer_bytes + 2 * self.weight_bytes) / self.mem_bw
+
+        step = ideal + bubble + pp_total + dp_exposed + opt_time
+        tp_total = micro * layers_here * tp_layer
+        cp_total = micro * layers_here * cp_total_layer
+        cp_exposed = micro * layers_here * cp_exposed_layer
+        ep_total = micro * (self.n_moe / p) * ep_layer
+        exposed = tp_total + cp_exposed + ep_total + pp_total + dp_exposed
+        volume = (
+            micro * layers_here * (tp_vol_layer + cp_vol_layer)
+            + micro * (self.n_moe / p) * ep_vol_layer
+            + pp_vol
+            + dp_vol
+        )
+        return {
+            "step": step,
+            "ideal": ideal,
+            "bubble": bubble,
+            "compute": micro * compute_micro,
+            "optimizer": opt_time,
+            "micro": micro,
+            "tp": tp_total,
+            "pp": pp_total,
+            "dp": dp_total,
+            "ep": ep_total,
+            "cp": cp_total,
+            "exposed": exposed,
+            "volume": volume,
+        }
+
+    def throughput(self, L: Layouts, timing: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """tokens/s, model and hardware TFLOP/s per device and MFU from a ``timing`` result."""
+        n_dev = float(self.cluster.num_devices)
+        gbs, s = self.training.global_batch_size, self.model.seq_length
+        f = self.forward_flops_per_sequence()
+        # model FLOPs: forward + backward (3x forward), no recompute (Chowdhery et al. 2022, App. B MFU)
+        model_flops = 3.0 * gbs * (f["layers"] + f["logits"])
+        # hardware FLOPs add a forward of the layers (full) or of the attention core (selective)
+        extra = np.where(L.rc == 2, f["layers"], np.where(L.rc == 1, f["core"], 0.0)) * gbs
+        step = timing["step"]
+        return {
+            "tokens_per_s": gbs * s / step,
+            "model_tflops": model_flops / n_dev / step / 1e12,
+            "hardware_tflops": (model_flops + extra) / n_dev / step / 1e12,
+            "mfu": model_flops / n_dev / step / self.peak_flops,
+        }

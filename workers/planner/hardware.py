@@ -1,0 +1,107 @@
+"""Device profiles: the calibrated efficiency constants the cost model needs next to the datasheet
+figures a ``cluster.json`` already carries.
+
+Profiles are data (``data/hardware_profiles.json``, one source per number). A cluster's device is
+matched by name (case-insensitive, aliases allowed); ``cpu`` comes from ``var/calibration/cpu.json``
+written by ``cann-train calibrate`` when present, else from the shipped, clearly-labelled default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PROFILES_PATH = DATA_DIR / "hardware_profiles.json"
+
+
+def calibration_dir() -> Path:
+    """Where ``cann-train calibrate`` writes (``$CANN_TRAIN_VAR/calibration`` or ``<repo>/var/calibration``)."""
+    root = os.environ.get("CANN_TRAIN_VAR")
+    if root:
+        return Path(root) / "calibration"
+    return Path(__file__).resolve().parents[2] / "var" / "calibration"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved-versus-peak constants of one device, the only calibrated numbers in the cost model."""
+
+    gemm_max: float
+    """Fraction of dense peak a large, well-shaped GEMM reaches."""
+    gemm_half_intensity: float
+    """Arithmetic intensity (FLOP per byte of 16-bit operands, MNK/(MK+KN+MN)) at which a GEMM reaches
+    half of ``gemm_max``: eff = gemm_max * I / (I + I_half). Equivalent to charging the operand bytes at
+    an effective bandwidth of peak * gemm_max / I_half on top of the compute time."""
+    memory_bandwidth_efficiency: float
+    """Fraction of datasheet memory bandwidth that streaming (elementwise) kernels reach."""
+    elementwise_traffic: float
+    """Bytes of device-memory traffic of the memory-bound kernels (norms, softmax, dropout, activation,
+    residual) per byte of activation that Korthikanti et al. 2022 count as stored, forward pass."""
+    collective_efficiency_intra: float
+    """Achieved bus bandwidth / link bandwidth of collectives inside a node."""
+    collective_efficiency_inter: float
+    """Achieved bus bandwidth / link bandwidth of collectives between nodes."""
+    framework_overhead_GiB: float
+    """Memory taken before the model: runtime context, communicator buffers, allocator fragmentation."""
+
+    @classmethod
+    def from_profile(cls, profile: dict[str, Any]) -> Efficiency:
+        eff = profile["efficiency"]
+        return cls(**{f.name: float(eff[f.name]["value"]) for f in fields(cls)})
+
+    def replace(self, **changes: float) -> Efficiency:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return Efficiency(**values)
+
+
+@lru_cache(maxsize=1)
+def load_profiles() -> dict[str, Any]:
+    """The shipped profiles document (``data/hardware_profiles.json``)."""
+    with PROFILES_PATH.open() as fh:
+        return json.load(fh)
+
+
+def _cpu_profile() -> tuple[dict[str, Any], str]:
+    path = calibration_dir() / "cpu.json"
+    if path.is_file():
+        try:
+            with path.open() as fh:
+                return json.load(fh), str(path)
+        except (OSError, ValueError):
+            pass
+    return load_profiles()["profiles"]["cpu"], "default (run `cann-train calibrate`)"
+
+
+def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:
+    """The profile whose name or alias matches ``device_name`` (``generic`` when none does)."""
+    key = device_name.strip().lower()
+    profiles = load_profiles()["profiles"]
+    if key == "cpu" or key.startswith("cpu"):
+        profile, _origin = _cpu_profile()
+        return "cpu", profile
+    for name, profile in profiles.items():
+        names = [name.lower(), *(a.lower() for a in profile.get("aliases", []))]
+        if key in names:
+            return name, profile
+    for name, profile in profiles.items():
+        names = [name.lower(), *(a.lower() for a in profile.get("aliases", []))]
+        if any(n and (n in key or key in n) for n in names if n != "generic"):
+            return name, profile
+    return "generic", profiles["generic"]
+
+
+def efficiency_for(device_name: str) -> tuple[str, Efficiency]:
+    """(profile name, efficiency constants) for a device name."""
+    name, profile = find_profile(device_name)
+    return name, Efficiency.from_profile(profile)
+
+
+def cpu_profile_origin() -> str:
+    """Where the ``cpu`` profile currently comes from (a calibration file or the default)."""
+    return _cpu_profile()[1]

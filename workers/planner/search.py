@@ -1,0 +1,637 @@
+"""Enumerate every valid parallel layout, prune by memory, cost the rest, rank them.
+
+``evaluate`` costs one complete strategy; ``search`` costs all layouts compatible with a partial one.
+Both go through :class:`~workers.planner.costmodel.CostModel` on numpy arrays (one element per layout),
+so a million layouts cost a few hundred numpy operations, not a million Python calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .costmodel import RECOMPUTE_CODES, CostModel, GiB, Layouts
+from .hardware import Efficiency, efficiency_for
+from .plan import NothingFits, Plan, SearchResult
+from .specs import ClusterSpec, ModelSpec, SpecError, Strategy, TrainingConfig
+
+CANDIDATES_CAP = 3000
+PARETO_CAP = 200
+CHUNK_ROWS = 400_000
+
+# rejection reasons (keys of stats["rejected"])
+R_TP = "tp does not divide attention/kv heads (or ffn sizes)"
+R_CP = "cp does not divide seq_length"
+R_PP = "pp does not divide num_layers"
+R_DP = "dp does not divide global_batch_size"
+R_EP = "ep does not divide num_experts and dp*cp"
+R_VPP = "vpp does not divide layers per stage (or pp == 1)"
+R_INTERLEAVE = "interleaved schedule needs micro-batches divisible by pp"
+R_MBS = "micro_batch_size does not divide the batch per replica"
+R_MEM = "exceeds device memory"
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of n, ascending."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# Divisibility rules, shared by evaluate (as field errors) and the enumeration (as rejection counts)
+# ------------------------------------------------------------------------------------------------
+
+
+def tp_rule(model: ModelSpec, tp: int) -> str | None:
+    if model.num_attention_heads % tp or model.num_kv_heads % tp:
+        return f"tp={tp} must divide num_attention_heads ({model.num_attention_heads}) and num_kv_heads ({model.num_kv_heads})"
+    if model.ffn_hidden_size % tp or (model.moe and model.moe.expert_ffn_hidden_size % tp):
+        return f"tp={tp} must divide ffn_hidden_size (and expert_ffn_hidden_size)"
+    return None
+
+
+def cp_rule(model: ModelSpec, cp: int) -> str | None:
+    if model.seq_length % cp:
+        return f"cp={cp} must divide seq_length ({model.seq_length})"
+    return None
+
+
+def pp_rule(model: ModelSpec, pp: int) -> str | None:
+    if model.num_layers % pp:
+        return f"pp={pp} must divide num_layers ({model.num_layers})"
+    return None
+
+
+def ep_rule(model: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
+    if model.moe is None:
+        return None if ep == 1 else f"ep={ep} must be 1 for a dense model"
+    if model.moe.num_experts % ep or (dp * cp) % ep:
+        return f"ep={ep} must divide num_experts ({model.moe.num_experts}) and dp*cp ({dp * cp})"
+    return None
+
+
+def vpp_rule(model: ModelSpec, pp: int, vpp: int) -> str | None:
+    per_stage = model.num_layers // pp
+    if per_stage % vpp or (vpp > 1 and pp == 1):
+        return f"vpp={vpp} must divide the layers per stage ({per_stage}) and needs pp > 1"
+    return None
+
+
+def layout_errors(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, s: Strategy
+) -> dict[str, list[str]]:
+    """Every divisibility rule a complete strategy breaks, keyed by ``strategy.<field>``."""
+    errors: dict[str, list[str]] = {}
+
+    def add(name, msg):
+        if msg:
+            errors.setdefault(f"strategy.{name}", []).append(msg)
+
+    n = cluster.num_devices
+    if s.tp * s.pp * s.dp * s.cp != n:
+        add("dp", f"tp*pp*dp*cp = {s.tp * s.pp * s.dp * s.cp} must equal the device count {n}")
+    add("tp", tp_rule(model, s.tp))
+    add("cp", cp_rule(model, s.cp))
+    add("pp", pp_rule(model, s.pp))
+    add("ep", ep_rule(model, s.ep, s.dp, s.cp))
+    if not errors.get("strategy.pp"):
+        add("vpp", vpp_rule(model, s.pp, s.vpp))
+    gbs = training.global_batch_size
+    if gbs % (s.dp * s.micro_batch_size):
+        add(
+            "micro_batch_size",
+            f"dp*micro_batch_size = {s.dp * s.micro_batch_size} must divide global_batch_size ({gbs})",
+        )
+    elif s.vpp > 1 and (gbs // (s.dp * s.micro_batch_size)) % s.pp:
+        add(
+            "vpp",
+            f"interleaving needs the {gbs // (s.dp * s.micro_batch_size)} micro-batches to be divisible by pp={s.pp}",
+        )
+    return errors
+
+
+# ------------------------------------------------------------------------------------------------
+# Enumeration
+# ------------------------------------------------------------------------------------------------
+
+
+def _options(fixed: Any, values: list) -> list:
+    return values if fixed is None else [v for v in values if v == fixed] or []
+
+
+def enumerate_layouts(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, fixed: Strategy
+) -> tuple[np.ndarray, tuple[list, list, list], Counter]:
+    """All layouts obeying the divisibility rules and the fixed fields, factored as ``base`` rows
+    (tp, cp, pp, dp, ep, vpp, mbs) times ``extras`` = (recompute codes, ZeRO stages, sp flags) for
+    :meth:`Layouts.grid`; rejections are counted
+    by reason at the level where the rule fires (one count per rejected partial layout)."""
+    n = cluster.num_devices
+    gbs = training.global_batch_size
+    L = model.num_layers
+    rejected: Counter = Counter()
+    blocks: list[np.ndarray] = []
+    for tp in _options(fixed.tp, divisors(n)):
+        if tp_rule(model, tp):
+            rejected[R_TP] += 1
+            continue
+        for cp in _options(fixed.cp, divisors(n // tp)):
+            if cp_rule(model, cp):
+                rejected[R_CP] += 1
+                continue
+            for pp in _options(fixed.pp, divisors(n // (tp * cp))):
+                if pp_rule(model, pp):
+                    rejected[R_PP] += 1
+                    continue
+                dp = n // (tp * cp * pp)
+                if fixed.dp is not None and dp != fixed.dp:
+                    continue
+                if gbs % dp:
+                    rejected[R_DP] += 1
+                    continue
+                if model.moe is None:
+                    eps = _options(fixed.ep, [1])
+                    if fixed.ep not in (None, 1):
+                        rejected[R_EP] += 1
+                else:
+                    eps = []
+                    for ep in _options(fixed.ep, divisors(model.moe.num_experts)):
+                        if (dp * cp) % ep:
+                            rejected[R_EP] += 1
+                        else:
+                            eps.append(ep)
+                    if fixed.ep is not None and model.moe.num_experts % fixed.ep:
+                        rejected[R_EP] += 1
+                per_stage = L // pp
+                vpps = []
+                for v in _options(fixed.vpp, divisors(per_stage)):
+                    if v > 1 and pp == 1:
+                        rejected[R_VPP] += 1
+                    else:
+                        vpps.append(v)
+                if fixed.vpp is not None and per_stage % fixed.vpp:
+                    rejected[R_VPP] += 1
+                per_replica = gbs // dp
+                mbss = _options(fixed.micro_batch_size, divisors(per_replica))
+                if fixed.micro_batch_size is not None and per_replica % fixed.micro_batch_size:
+                    rejected[R_MBS] += 1
+                if not (eps and vpps and mbss):
+                    continue
+                # the (ep, vpp, mbs) sub-grid of this (tp, cp, pp) in numpy: a Python loop over it
+                # dominated the search time
+                ne, nv, nm = len(eps), len(vpps), len(mbss)
+                e = np.repeat(np.asarray(eps, dtype=np.int64), nv * nm)
+                v = np.tile(np.repeat(np.asarray(vpps, dtype=np.int64), nm), ne)
+                b = np.tile(np.asarray(mbss, dtype=np.int64), ne * nv)
+                bad = (v > 1) & ((per_replica // b) % pp != 0)
+                rejected[R_INTERLEAVE] += int(bad.sum())
+                keep = ~bad
+                k = int(keep.sum())
+                block = np.empty((k, 7), dtype=np.int64)
+                block[:, 0], block[:, 1], block[:, 2], block[:, 3] = tp, cp, pp, dp
+                block[:, 4], block[:, 5], block[:, 6] = e[keep], v[keep], b[keep]
+                blocks.append(block)
+    base = np.concatenate(blocks) if blocks else np.zeros((0, 7), dtype=np.int64)
+    extras = (
+        [RECOMPUTE_CODES[fixed.recompute]] if fixed.recompute else [0, 1, 2],
+        [fixed.zero_stage] if fixed.zero_stage is not None else [0, 1, 2, 3],
+        [int(fixed.sequence_parallel)] if fixed.sequence_parallel is not None else [0, 1],
+    )
+    return base, extras, rejected
+
+
+def _valid_mask(grid: Layouts, fixed: Strategy) -> np.ndarray:
+    """Grid cells that are distinct layouts: sequence parallelism is the same layout as none when
+    tp == 1, so unless the strategy pins it, keep only sp = 0 there."""
+    if fixed.sequence_parallel is not None:
+        return np.ones(grid.shape, dtype=bool)
+    return np.broadcast_to(~((grid.sp == 1) & (grid.tp == 1)), grid.shape)
+
+
+# ------------------------------------------------------------------------------------------------
+# Costing and results
+# ------------------------------------------------------------------------------------------------
+
+
+def _cost_model(model, cluster, training, order: str, eff: Efficiency | None) -> CostModel:
+    if eff is None:
+        _name, eff = efficiency_for(cluster.device.name)
+    return CostModel(model, cluster, training, eff, order=order)
+
+
+def _predicted(
+    cm: CostModel, i: int, mem: dict, tm: dict, th: dict, baseline_per_device: float | None
+) -> dict[str, Any]:
+    """plan.json ``predicted`` of the i-th layout of flat cost arrays."""
+
+    def r(x, nd=4):
+        return float(round(float(x), nd))
+
+    step = float(tm["step"][i])
+    per_device = float(th["tokens_per_s"][i]) / cm.cluster.num_devices
+    scaling = 1.0 if not baseline_per_device else per_device / baseline_per_device
+    return {
+        "step_time_s": r(step),
+        "tokens_per_s": r(th["tokens_per_s"][i], 1),
+        "model_tflops_per_device": r(th["model_tflops"][i], 2),
+        "hardware_tflops_per_device": r(th["hardware_tflops"][i], 2),
+        "mfu": r(th["mfu"][i]),
+        "memory_GiB_per_device": {
+            k: r(mem[k][i] / GiB, 2) for k in ("params", "grads", "optimizer", "activations", "total")
+        },
+        "bubble_fraction": r(tm["bubble"][i] / step),
+        "comm_s": {k: r(tm[k][i]) for k in ("tp", "pp", "dp", "ep", "cp")},
+        "exposed_comm_s": r(tm["exposed"][i]),
+        "scaling_efficiency": r(scaling),
+        # extensions (not in the seed contract): the rest of the breakdown
+        "compute_s": r(tm["compute"][i]),
+        "bubble_s": r(tm["bubble"][i]),
+        "optimizer_s": r(tm["optimizer"][i]),
+        "num_micro_batches": int(tm["micro"][i]),
+        "memory_headroom_GiB": r((cm.memory_bytes - mem["total"][i]) / GiB, 2),
+        "comm_volume_GB_per_device": r(tm["volume"][i] / 1e9, 3),
+    }
+
+
+def evaluate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingConfig,
+    strategy: Strategy,
+    *,
+    efficiency: Efficiency | None = None,
+    scaling: bool = True,
+) -> Plan:
+    """Cost one complete strategy ("what-if"). Raises :class:`SpecError` when a field is missing or
+    breaks a divisibility rule; a layout that does not fit in memory comes back with ``feasible=False``
+    and the reason."""
+    missing = [f"strategy.{k}" for k, v in strategy.to_dict().items() if v is None]
+    if missing:
+        raise SpecError({k: ["is required to evaluate a plan (use search to fill it)"] for k in missing})
+    errors = layout_errors(model, cluster, training, strategy)
+    if errors:
+        raise SpecError(errors)
+    cm = _cost_model(model, cluster, training, strategy.order, efficiency)
+    base = baseline_tokens_per_device(model, cluster, training, cm.eff) if scaling else None
+    return _plans(cm, Layouts.from_strategies([strategy]), base, strategy.order)[0]
+
+
+def _plans(cm: CostModel, flat: Layouts, baseline: float | None, order: str) -> list[Plan]:
+    """Full plans for a (short) flat list of layouts."""
+    mem = cm.memory(flat)
+    tm = cm.timing(flat)
+    th = cm.throughput(flat, tm)
+    out = []
+    for i in range(len(flat)):
+        total = float(mem["total"][i])
+        fits = total <= cm.memory_bytes
+        reason = (
+            ""
+            if fits
+            else (
+                f"needs {total / GiB:.1f} GiB per device; the device has {cm.cluster.device.memory_GiB:g} GiB"
+            )
+        )
+        out.append(Plan(flat.strategy(i, order), fits, reason, _predicted(cm, i, mem, tm, th, baseline)))
+    return out
+
+
+def _dominated_by(ax, ah, ac, x, h, c) -> np.ndarray:
+    """Which of (x, h, c) some anchor (ax, ah, ac) is at least as good as on all three objectives."""
+    out = np.zeros(len(x), dtype=bool)
+    step = max(1, 2_000_000 // max(1, len(ax)))
+    for s in range(0, len(x), step):
+        bx, bh, bc = x[s : s + step, None], h[s : s + step, None], c[s : s + step, None]
+        out[s : s + step] = ((ax[None, :] >= bx) & (ah[None, :] >= bh) & (ac[None, :] <= bc)).any(axis=1)
+    return out
+
+
+def _pareto_sweep(x, h, c) -> np.ndarray:
+    """Exact front of points already sorted best-throughput-first: a point can only be dominated by one
+    that sorts before it, so each block is checked against the front so far, then within itself."""
+    front_x = front_h = front_c = np.empty(0)
+    keep: list[np.ndarray] = []
+    block = 512
+    for start in range(0, len(x), block):
+        bx, bh, bc = x[start : start + block], h[start : start + block], c[start : start + block]
+        idx = np.arange(start, start + len(bx))
+        if len(front_x):
+            alive = ~_dominated_by(front_x, front_h, front_c, bx, bh, bc)
+            bx, bh, bc, idx = bx[alive], bh[alive], bc[alive], idx[alive]
+        # an earlier point of the block at least as good everywhere dominates (or duplicates) it
+        geq = (bx[None, :] >= bx[:, None]) & (bh[None, :] >= bh[:, None]) & (bc[None, :] <= bc[:, None])
+        sel = ~(geq & np.tri(len(bx), k=-1, dtype=bool)).any(axis=1)
+        keep.append(idx[sel])
+        front_x = np.concatenate([front_x, bx[sel]])
+        front_h = np.concatenate([front_h, bh[sel]])
+        front_c = np.concatenate([front_c, bc[sel]])
+    return np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
+
+
+def pareto_indices(tokens: np.ndarray, headroom: np.ndarray, volume: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on all of (tokens max, headroom max, volume min),
+    best throughput first, exact duplicates kept once.
+
+    numpy has no skyline routine, so: sort by throughput, take the exact front of the fastest few
+    thousand, drop every later point it dominates (a point dominated by a front point is dominated, so
+    no front point is lost), and repeat on the survivors."""
+    # one complex argsort sorts by (-tokens, -headroom) lexicographically, ~3x faster than lexsort;
+    # fall back to the 3-key lexsort only if equal (tokens, headroom) pairs differ in volume
+    order = np.argsort(-tokens - 1j * headroom)
+    x, h, c = tokens[order], headroom[order], volume[order]
+    if ((x[1:] == x[:-1]) & (h[1:] == h[:-1]) & (c[1:] != c[:-1])).any():
+        order = np.lexsort((volume, -headroom, -tokens))
+        x, h, c = tokens[order], headroom[order], volume[order]
+    front = np.zeros(0, dtype=np.int64)
+    remaining = np.arange(len(x))
+    while len(remaining):
+        head, rest = remaining[:4096], remaining[4096:]
+        if len(front):
+            head = head[~_dominated_by(x[front], h[front], c[front], x[head], h[head], c[head])]
+        front = np.concatenate([front, head[_pareto_sweep(x[head], h[head], c[head])]])
+        # a few spread-out front points remove most of the rest cheaply, the whole front the others
+        for a in (front[:: max(1, len(front) // 24)], front):
+            if len(rest):
+                rest = rest[~_dominated_by(x[a], h[a], c[a], x[rest], h[rest], c[rest])]
+        remaining = rest
+    return order[front]
+
+
+class _Scan:
+    """Feasible layouts of one grid as flat arrays, and the counts of the scan."""
+
+    def __init__(self):
+        self.parts: list[tuple[Layouts, dict[str, np.ndarray]]] = []
+        self.evaluated = 0
+        self.feasible = 0
+        self.memory_rejected = 0
+        self.lowest_rejected: float | None = None
+        self.cancelled = False
+        self.best_step = np.inf
+        self.best_plan: dict | None = None
+
+    def joined(self) -> tuple[Layouts, dict[str, np.ndarray]]:
+        names = ("tp", "pp", "dp", "ep", "cp", "vpp", "mbs", "rc", "zero", "sp")
+        flat = Layouts(**{n: np.concatenate([getattr(p[0], n) for p in self.parts]) for n in names})
+        vals = {k: np.concatenate([p[1][k] for p in self.parts]) for k in self.parts[0][1]}
+        return flat, vals
+
+
+def _scan(
+    cm: CostModel,
+    base: np.ndarray,
+    extras: tuple[list, list, list],
+    fixed: Strategy,
+    progress=None,
+    should_stop=None,
+    memory_only: bool = False,
+) -> _Scan:
+    """Memory for every layout of the grid, time for those that fit, in chunks of base rows."""
+    scan = _Scan()
+    if not len(base):
+        return scan
+    per_row = len(extras[0]) * len(extras[1]) * len(extras[2])
+    rows_per_chunk = max(1, CHUNK_ROWS // per_row)
+    for start in range(0, len(base), rows_per_chunk):
+        if should_stop is not None and should_stop():
+            scan.cancelled = True
+            break
+        chunk = base[start : start + rows_per_chunk]
+        grid = Layouts.grid(chunk, *extras)
+        valid = _valid_mask(grid, fixed)
+        total = np.broadcast_to(cm.memory(grid)["total"], grid.shape)
+        ok = valid & (total <= cm.memory_bytes)
+        bad = valid & ~ok
+        scan.evaluated += int(valid.sum())
+        if bad.any():
+            scan.memory_rejected += int(bad.sum())
+            low = float(total[bad].min())
+            scan.lowest_rejected = low if scan.lowest_rejected is None else min(scan.lowest_rejected, low)
+        rows_ok = ok.reshape(len(chunk), -1).any(axis=1)
+        if memory_only:
+            scan.feasible += int(ok.sum())
+        elif rows_ok.any():
+            sub = Layouts.grid(chunk[rows_ok], *extras)
+            ok_sub = ok[rows_ok]
+            tm = cm.timing(sub)
+            idx = np.nonzero(ok_sub)
+            shape = ok_sub.shape
+            vals = {k: np.broadcast_to(tm[k], shape)[idx] for k in ("step", "volume", "exposed")}
+            vals["memory"] = total[rows_ok][idx]
+            flat = sub.flat(idx)
+            scan.parts.append((flat, vals))
+            scan.feasible += len(vals["step"])
+            i = int(np.argmin(vals["step"]))
+            if vals["step"][i] < scan.best_step and progress is not None:
+                scan.best_step = float(vals["step"][i])
+                scan.best_plan = _plans(cm, flat.take([i]), None, fixed.order)[0].to_dict()
+        if progress is not None:
+            progress(scan.evaluated, scan.feasible, scan.best_plan)
+    return scan
+
+
+_BASELINE_CACHE: dict[str, float | None] = {}
+
+
+def clear_caches() -> None:
+    """Forget cached scaling baselines (benchmarks measure cold searches)."""
+    _BASELINE_CACHE.clear()
+
+
+def _device_counts(cluster: ClusterSpec) -> list[ClusterSpec]:
+    """Smaller clusters of the same kind, ascending: part of one node, then whole nodes
+    (powers of two and divisors of the node count)."""
+    out = []
+    dpn = cluster.devices_per_node
+    for d in divisors(dpn)[:-1]:
+        out.append(
+            ClusterSpec(
+                name=f"{cluster.name}[{d} devices]",
+                num_nodes=1,
+                devices_per_node=d,
+                device=cluster.device,
+                intra_node=cluster.intra_node,
+                inter_node=cluster.inter_node,
+                tiers=cluster.tiers,
+            )
+        )
+    nodes = set(divisors(cluster.num_nodes))
+    k = 1
+    while k < cluster.num_nodes:
+        nodes.add(k)
+        k *= 2
+    out.extend(cluster.with_nodes(n) for n in sorted(nodes))
+    return out
+
+
+def baseline_tokens_per_device(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingConfig,
+    eff: Efficiency,
+    known_best: float | None = None,
+) -> float | None:
+    """Best tokens/s per device of the same model and global batch on the smallest device count where
+    any layout fits: the denominator of ``scaling_efficiency`` (per-device throughput at this size over
+    this). ``known_best``: the best tokens/s per device of a free search on ``cluster`` itself, if
+    already known. Cached per (model, training, device, links, efficiency)."""
+    cdict = cluster.to_dict()
+    cdict.pop("name")
+    key = json.dumps([model.to_dict(), training.to_dict(), cdict, repr(eff)], sort_keys=True)
+    if key in _BASELINE_CACHE:
+        return _BASELINE_CACHE[key]
+    result = None
+    for small in _device_counts(cluster):
+        cm = CostModel(model, small, training, eff)
+        base, (rcs, _zeros, _sps), _ = enumerate_layouts(model, small, training, Strategy())
+        # the least memory of a base row is at ZeRO-3 with sequence parallelism (both only ever shrink
+        # memory), so checking those first finds the smallest size that fits at a fraction of the cost
+        probe = _scan(cm, base, (rcs, [3], [0, 1]), Strategy(), memory_only=True)
+        if not probe.feasible:
+            continue
+        if small.num_devices == cluster.num_devices and known_best is not None:
+            result = known_best
+            break
+        scan = _scan(cm, base, (rcs, [0, 1, 2, 3], [0, 1]), Strategy())
+        _flat, vals = scan.joined()
+        tokens = training.global_batch_size * model.seq_length / vals["step"]
+        result = float(tokens.max()) / small.num_devices
+        break
+    _BASELINE_CACHE[key] = result
+    return result
+
+
+def _tightest(cm: CostModel, lowest: float | None, rejected: Counter, fixed: Strategy) -> str:
+    """The message a user gets when nothing fits."""
+    if lowest is not None:
+        free = [k.upper() for k in ("tp", "pp") if getattr(fixed, k) is None]
+        hint = "add nodes" + (f" or raise {'/'.join(free)}" if free else " or unpin fields of the strategy")
+        return (
+            f"needs ≥ {lowest / GiB:.1f} GiB per device at best; the device has "
+            f"{cm.cluster.device.memory_GiB:g} GiB — {hint}"
+        )
+    if rejected:
+        reason, n = rejected.most_common(1)[0]
+        return f"no layout obeys the divisibility rules; most rejections: {reason} ({n})"
+    return "no layout matches the fixed strategy fields"
+
+
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    training: TrainingConfig,
+    fixed: Strategy | dict | None = None,
+    top_k: int = 10,
+    progress: Callable[[int, int, dict | None], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    *,
+    efficiency: Efficiency | None = None,
+    scaling: bool = True,
+    raise_if_empty: bool = False,
+) -> SearchResult:
+    """Find the fastest layouts that fit.
+
+    ``fixed`` pins any subset of strategy fields (None/absent = search it); with every field pinned the
+    result holds exactly that plan ("what-if"). ``progress(evaluated, feasible, best_plan_dict)`` is
+    called once per chunk (a handful of times); ``should_stop()`` is polled between chunks and ends the
+    search early with ``stats['cancelled'] = True`` (the result holds what was found so far). When
+    nothing fits the result has ``best=None`` and ``stats['tightest']`` names the tightest constraint;
+    with ``raise_if_empty=True`` :class:`NothingFits` is raised instead.
+    """
+    started = time.perf_counter()
+    if fixed is None:
+        fixed = Strategy()
+    elif isinstance(fixed, dict):
+        try:
+            fixed = Strategy.from_dict(fixed)
+        except SpecError as exc:
+            raise exc.prefixed("strategy") from None
+    if fixed.is_complete:
+        errors = layout_errors(model, cluster, training, fixed)
+        if errors:
+            raise SpecError(errors)
+    cm = _cost_model(model, cluster, training, fixed.order, efficiency)
+    base, extras, rejected = enumerate_layouts(model, cluster, training, fixed)
+    scan = _scan(cm, base, extras, fixed, progress, should_stop)
+    if scan.memory_rejected:
+        rejected[R_MEM] += scan.memory_rejected
+    stats: dict[str, Any] = {
+        "evaluated": scan.evaluated,
+        "feasible": scan.feasible,
+        "rejected": dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
+        "seconds": 0.0,
+        "cancelled": scan.cancelled,
+    }
+    if not scan.feasible:
+        stats["tightest"] = _tightest(cm, scan.lowest_rejected, rejected, fixed)
+        stats["seconds"] = round(time.perf_counter() - started, 3)
+        if raise_if_empty:
+            raise NothingFits(stats["tightest"], stats["rejected"], stats)
+        return SearchResult(best=None, top=[], pareto=[], stats=stats)
+
+    flat, vals = scan.joined()
+    step = vals["step"]
+    tokens = training.global_batch_size * model.seq_length / step
+    headroom = cm.memory_bytes - vals["memory"]
+    # fastest first; among equally fast layouts (to 1 ns), the one with more memory headroom
+    rank_key = np.round(step, 9) - 1j * headroom
+    k = min(len(step), max(1, top_k))
+    top_idx = np.argpartition(rank_key.real, k - 1)[:k] if k < len(step) else np.arange(len(step))
+    tie = rank_key.real <= rank_key.real[top_idx].max()
+    cand = np.nonzero(tie)[0]
+    top_idx = cand[np.argsort(rank_key[cand])][:k]
+    pareto_idx = pareto_indices(tokens, headroom, vals["volume"])
+    baseline = None
+    if scaling:
+        free_best = float(tokens.max()) / cluster.num_devices if not fixed.fixed_fields() else None
+        baseline = baseline_tokens_per_device(model, cluster, training, cm.eff, known_best=free_best)
+
+    wanted = np.unique(np.concatenate([top_idx, pareto_idx[:PARETO_CAP]]))
+    plans = dict(zip(wanted.tolist(), _plans(cm, flat.take(wanted), baseline, fixed.order), strict=True))
+    top = [plans[int(i)] for i in top_idx]
+    pareto = [plans[int(i)] for i in pareto_idx[:PARETO_CAP]]
+    stats["pareto_size"] = int(len(pareto_idx))
+    stats["seconds"] = round(time.perf_counter() - started, 3)
+    if progress is not None:
+        progress(scan.evaluated, scan.feasible, top[0].to_dict())
+    return SearchResult(
+        best=top[0],
+        top=top,
+        pareto=pareto,
+        stats=stats,
+        candidates_fn=lambda: _candidates(flat, tokens, vals, np.argsort(rank_key), pareto_idx, fixed.order),
+    )
+
+
+def _candidates(flat: Layouts, tokens, vals, order, pareto_idx, placement: str) -> list[dict[str, Any]]:
+    """Compact feasible candidates for a scatter plot: the Pareto points, the fastest, and an even
+    subsample of the rest (by rank), up to ``CANDIDATES_CAP``."""
+    chosen = set(pareto_idx[: CANDIDATES_CAP // 3].tolist())
+    chosen.update(order[: CANDIDATES_CAP // 3].tolist())
+    room = CANDIDATES_CAP - len(chosen)
+    if room > 0:
+        chosen.update(order[:: max(1, len(order) // room)][:room].tolist())
+    idx = np.array(sorted(chosen, key=lambda i: vals["step"][i]), dtype=np.int64)
+    sub = flat.take(idx)
+    share = vals["exposed"][idx] / vals["step"][idx]
+    return [
+        {
+            "strategy": sub.strategy(j, placement).to_dict(),
+            "tokens_per_s": round(float(tokens[i]), 1),
+            "memory_GiB": round(float(vals["memory"][i] / GiB), 2),
+            "comm_share": round(float(share[j]), 4),
+        }
+        for j, i in enumerate(idx)
+    ]

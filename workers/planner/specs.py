@@ -1,0 +1,621 @@
+"""Typed inputs of the planner: the JSON contracts (``model.json``, ``cluster.json``, ``training.json``,
+``strategy.json``) as dataclasses that parse and validate themselves.
+
+Every ``from_dict`` raises :class:`SpecError` naming each offending field and the rule it breaks, so the
+CLI can print it and a DRF serializer can turn it into field-level 400s. ``to_dict`` gives back the
+contract shape with the same field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+ACTIVATIONS = ("gelu", "swiglu", "relu", "geglu")
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+RECOMPUTE_MODES = ("none", "selective", "full")
+# bytes per element of a tensor stored in each dtype
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+class SpecError(ValueError):
+    """An input document breaks the contract.
+
+    ``errors`` maps a dotted field path (``"moe.top_k"``, ``"strategy.tp"``) to the list of messages
+    about it; ``field`` is the first such path. ``str(exc)`` names every field and rule.
+    """
+
+    def __init__(self, field: str | dict[str, list[str]], message: str | None = None):
+        if isinstance(field, dict):
+            errors = {k: list(v) for k, v in field.items() if v}
+        else:
+            errors = {field: [message or "is invalid"]}
+        self.errors: dict[str, list[str]] = errors
+        self.field: str = next(iter(errors), "")
+        super().__init__("; ".join(f"{k}: {m}" for k, msgs in errors.items() for m in msgs))
+
+    def prefixed(self, prefix: str) -> SpecError:
+        """The same errors with ``prefix.`` in front of each field path."""
+        return SpecError({f"{prefix}.{k}": v for k, v in self.errors.items()})
+
+
+class _Checker:
+    """Collects every problem in one document so that one error names all of them."""
+
+    def __init__(self, data: Any, doc: str):
+        if not isinstance(data, dict):
+            raise SpecError(doc, f"must be a JSON object, got {type(data).__name__}")
+        self.data = data
+        self.errors: dict[str, list[str]] = {}
+
+    def fail(self, name: str, message: str) -> None:
+        self.errors.setdefault(name, []).append(message)
+
+    def raw(self, name: str, default: Any = dataclasses.MISSING) -> Any:
+        if name not in self.data or self.data[name] is None:
+            if default is dataclasses.MISSING:
+                self.fail(name, "is required")
+            return None if default is dataclasses.MISSING else default
+        return self.data[name]
+
+    def integer(self, name: str, minimum: int = 1, default: Any = dataclasses.MISSING) -> int | None:
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            self.fail(name, f"must be an integer, got {value!r}")
+            return None
+        if value < minimum:
+            self.fail(name, f"must be >= {minimum}, got {value}")
+            return None
+        return int(value)
+
+    def number(
+        self, name: str, minimum: float = 0.0, default: Any = dataclasses.MISSING, strict: bool = True
+    ) -> float | None:
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(name, f"must be a number, got {value!r}")
+            return None
+        if (value <= minimum) if strict else (value < minimum):
+            self.fail(name, f"must be {'>' if strict else '>='} {minimum}, got {value}")
+            return None
+        return float(value)
+
+    def choice(self, name: str, choices: tuple[str, ...], default: Any = dataclasses.MISSING) -> str | None:
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        if value not in choices:
+            self.fail(name, f"must be one of {', '.join(choices)}, got {value!r}")
+            return None
+        return value
+
+    def text(self, name: str, default: Any = dataclasses.MISSING) -> str | None:
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(name, f"must be a non-empty string, got {value!r}")
+            return None
+        return value
+
+    def nested(self, name: str, parse, default: Any = dataclasses.MISSING):
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except SpecError as exc:
+            for k, msgs in exc.prefixed(name).errors.items():
+                for m in msgs:
+                    self.fail(k, m)
+            return None
+
+    def done(self) -> None:
+        if self.errors:
+            raise SpecError(self.errors)
+
+
+def _as_dict(obj) -> dict[str, Any]:
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return value.to_dict()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts part of a model (``model.json`` ``moe``); absent/null for dense models."""
+
+    num_experts: int
+    """Routed experts per MoE layer."""
+    top_k: int
+    """Experts each token is routed to."""
+    expert_ffn_hidden_size: int
+    """Hidden size of one expert's MLP."""
+    num_shared_experts: int = 0
+    """Experts every token goes through (DeepSeek-style), each of ``expert_ffn_hidden_size``."""
+    first_dense_layers: int = 0
+    """Leading layers that use a dense MLP of ``ffn_hidden_size`` instead of experts."""
+    layer_frequency: int = 1
+    """After the dense prefix, every ``layer_frequency``-th layer is an MoE layer (1 = all)."""
+    capacity_factor: float | None = None
+    """Expert capacity as a multiple of the balanced share; tokens above it are dropped. null = dropless."""
+    load_imbalance: float = 1.0
+    """Tokens of the busiest expert-parallel rank divided by the mean (>= 1); scales all-to-all and
+    expert compute of the critical rank."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MoESpec:
+        c = _Checker(d, "moe")
+        num_experts = c.integer("num_experts")
+        top_k = c.integer("top_k")
+        spec = dict(
+            num_experts=num_experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=c.integer("expert_ffn_hidden_size"),
+            num_shared_experts=c.integer("num_shared_experts", minimum=0, default=0),
+            first_dense_layers=c.integer("first_dense_layers", minimum=0, default=0),
+            layer_frequency=c.integer("layer_frequency", default=1),
+            capacity_factor=c.number("capacity_factor", default=None),
+            load_imbalance=c.number("load_imbalance", default=1.0),
+        )
+        if num_experts and top_k and top_k > num_experts:
+            c.fail("top_k", f"must be <= num_experts ({num_experts}), got {top_k}")
+        if spec["load_imbalance"] is not None and spec["load_imbalance"] < 1.0:
+            c.fail("load_imbalance", f"must be >= 1 (busiest rank / mean), got {spec['load_imbalance']}")
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer (``model.json``)."""
+
+    name: str
+    """Free-form model name."""
+    num_layers: int
+    """Transformer layers."""
+    hidden_size: int
+    """Model width h."""
+    num_attention_heads: int
+    """Query heads a; head dim = h / a."""
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention when < num_attention_heads)."""
+    ffn_hidden_size: int
+    """Hidden size of the dense MLP."""
+    vocab_size: int
+    """Vocabulary size V (embedding and logits)."""
+    seq_length: int
+    """Tokens per sequence s."""
+    activation: str = "gelu"
+    """MLP activation: gelu / relu (two matrices) or swiglu / geglu (gated, three matrices)."""
+    moe: MoESpec | None = None
+    """Mixture-of-experts settings; None for a dense model."""
+    tied_embeddings: bool = False
+    """Input embedding and output projection share weights."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelSpec:
+        c = _Checker(d, "model")
+        spec = dict(
+            name=c.text("name", default="model"),
+            num_layers=c.integer("num_layers"),
+            hidden_size=c.integer("hidden_size"),
+            num_attention_heads=c.integer("num_attention_heads"),
+            num_kv_heads=c.integer(
+                "num_kv_heads", default=d.get("num_attention_heads") if isinstance(d, dict) else None
+            ),
+            ffn_hidden_size=c.integer("ffn_hidden_size"),
+            vocab_size=c.integer("vocab_size"),
+            seq_length=c.integer("seq_length"),
+            activation=c.choice("activation", ACTIVATIONS, default="gelu"),
+            moe=c.nested("moe", MoESpec.from_dict, default=None),
+            tied_embeddings=bool(d.get("tied_embeddings", False)),
+        )
+        h, a, kv = spec["hidden_size"], spec["num_attention_heads"], spec["num_kv_heads"]
+        if h and a and h % a:
+            c.fail("hidden_size", f"must be divisible by num_attention_heads ({a}), got {h}")
+        if a and kv and a % kv:
+            c.fail("num_kv_heads", f"must divide num_attention_heads ({a}), got {kv}")
+        moe = spec["moe"]
+        if moe and spec["num_layers"] and moe.first_dense_layers >= spec["num_layers"]:
+            c.fail("moe.first_dense_layers", f"must be < num_layers ({spec['num_layers']})")
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = _as_dict(self)
+        if not self.tied_embeddings:
+            d.pop("tied_embeddings")
+        return d
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        if self.moe is None:
+            return 0
+        rest = self.num_layers - self.moe.first_dense_layers
+        return (rest + self.moe.layer_frequency - 1) // self.moe.layer_frequency
+
+    def parameter_count(self) -> dict[str, float]:
+        """Parameters by kind: ``attention``, ``dense_mlp``, ``experts``, ``shared`` (router, shared
+        experts), ``embedding``, ``norms`` and ``total`` (Megatron-LM layer layout)."""
+        h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
+        mats = 3 if self.activation in ("swiglu", "geglu") else 2
+        # QKV with GQA + output projection (Megatron-LM ParallelAttention layout)
+        attention = h * (h + 2 * self.num_kv_heads * hd) + h * h
+        dense_mlp = mats * h * f
+        n_moe = self.num_moe_layers
+        n_dense = self.num_layers - n_moe
+        experts = shared = 0.0
+        if self.moe:
+            fe = self.moe.expert_ffn_hidden_size
+            experts = n_moe * self.moe.num_experts * mats * h * fe
+            shared = n_moe * (self.moe.num_shared_experts * mats * h * fe + h * self.moe.num_experts)
+        embedding = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        norms = self.num_layers * 4 * h + 2 * h
+        total = self.num_layers * attention + n_dense * dense_mlp + experts + shared + embedding + norms
+        return {
+            "attention": float(self.num_layers * attention),
+            "dense_mlp": float(n_dense * dense_mlp),
+            "experts": float(experts),
+            "shared": float(shared),
+            "embedding": float(embedding),
+            "norms": float(norms),
+            "total": float(total),
+        }
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (``cluster.json`` ``device``)."""
+
+    name: str
+    """Device model; matched against the shipped hardware profiles for calibrated efficiencies."""
+    peak_tflops: dict[str, float]
+    """Dense peak TFLOP/s per dtype."""
+    memory_GiB: float
+    """Device memory in GiB."""
+    memory_bandwidth_GBps: float
+    """Device memory bandwidth, GB/s."""
+    tdp_watts: float | None = None
+    """Board power, W (used by the green accounting, not the planner)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeviceSpec:
+        c = _Checker(d, "device")
+        peak = c.raw("peak_tflops")
+        if peak is not None:
+            if not isinstance(peak, dict) or not peak:
+                c.fail("peak_tflops", "must be an object {dtype: TFLOP/s}")
+                peak = None
+            else:
+                for k, v in peak.items():
+                    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                        c.fail(f"peak_tflops.{k}", f"must be a number > 0, got {v!r}")
+                peak = {k: float(v) for k, v in peak.items() if isinstance(v, int | float)}
+        spec = dict(
+            name=c.text("name"),
+            peak_tflops=peak,
+            memory_GiB=c.number("memory_GiB"),
+            memory_bandwidth_GBps=c.number("memory_bandwidth_GBps"),
+            tdp_watts=c.number("tdp_watts", default=None),
+        )
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link class (``intra_node`` or ``inter_node``)."""
+
+    kind: str
+    """Technology label (nvswitch, hccs, infiniband-hdr, roce-200ge, ...)."""
+    bandwidth_GBps: float
+    """GB/s per device per direction."""
+    latency_us: float
+    """One-hop latency in microseconds (the alpha of the alpha-beta model)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LinkSpec:
+        c = _Checker(d, "link")
+        spec = dict(
+            kind=c.text("kind", default="link"),
+            bandwidth_GBps=c.number("bandwidth_GBps"),
+            latency_us=c.number("latency_us", strict=False),
+        )
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A switch level above the nodes (``cluster.json`` ``tiers``, innermost first)."""
+
+    name: str
+    """Label (leaf, spine, core)."""
+    nodes: int
+    """Nodes under one switch of this tier."""
+    oversubscription: float = 1.0
+    """Downlink / uplink bandwidth ratio of this tier's switches (1 = non-blocking)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TierSpec:
+        c = _Checker(d, "tier")
+        spec = dict(
+            name=c.text("name", default="tier"),
+            nodes=c.integer("nodes"),
+            oversubscription=c.number("oversubscription", default=1.0),
+        )
+        if spec["oversubscription"] is not None and spec["oversubscription"] < 1.0:
+            c.fail("oversubscription", f"must be >= 1, got {spec['oversubscription']}")
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A homogeneous cluster (``cluster.json``)."""
+
+    name: str
+    """Free-form cluster name."""
+    num_nodes: int
+    """Nodes (servers)."""
+    devices_per_node: int
+    """Accelerators per node."""
+    device: DeviceSpec
+    """The accelerator."""
+    intra_node: LinkSpec
+    """Scale-up link inside a node."""
+    inter_node: LinkSpec
+    """Scale-out link between nodes (per device)."""
+    tiers: tuple[TierSpec, ...] = ()
+    """Switch levels above a node, innermost first."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClusterSpec:
+        c = _Checker(d, "cluster")
+        tiers_raw = c.raw("tiers", default=[])
+        tiers: list[TierSpec] = []
+        if not isinstance(tiers_raw, list):
+            c.fail("tiers", "must be a list")
+        else:
+            for i, t in enumerate(tiers_raw):
+                try:
+                    tiers.append(TierSpec.from_dict(t))
+                except SpecError as exc:
+                    for k, msgs in exc.prefixed(f"tiers[{i}]").errors.items():
+                        for m in msgs:
+                            c.fail(k, m)
+        for i in range(1, len(tiers)):
+            if tiers[i].nodes < tiers[i - 1].nodes:
+                c.fail(f"tiers[{i}].nodes", "tiers must be listed innermost first with non-decreasing nodes")
+        spec = dict(
+            name=c.text("name", default="cluster"),
+            num_nodes=c.integer("num_nodes"),
+            devices_per_node=c.integer("devices_per_node"),
+            device=c.nested("device", DeviceSpec.from_dict),
+            intra_node=c.nested("intra_node", LinkSpec.from_dict),
+            inter_node=c.nested("inter_node", LinkSpec.from_dict),
+            tiers=tuple(tiers),
+        )
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def with_nodes(self, num_nodes: int) -> ClusterSpec:
+        """The same cluster cut down (or grown) to ``num_nodes`` nodes."""
+        return dataclasses.replace(self, num_nodes=num_nodes, name=f"{self.name}[{num_nodes} nodes]")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What one optimizer step trains (``training.json``)."""
+
+    global_batch_size: int
+    """Sequences per optimizer step."""
+    dtype: str = "bf16"
+    """Compute and weight dtype (mixed precision keeps fp32 master weights for adam)."""
+    optimizer: str = "adam"
+    """adam / adamw (two fp32 moments) or sgd (one momentum)."""
+    flash_attention: bool = False
+    """Fused attention that never materialises the s x s scores (FlashAttention). False follows the
+    layout measured in Korthikanti et al. 2022 (scores, softmax and dropout mask stored)."""
+
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduction with the backward of the last micro-batch (PyTorch
+    DDP/FSDP buckets, Megatron ``--overlap-grad-reduce``). False is the Megatron-LM default: reduce
+    after the last backward, then all-gather the parameters after the step."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainingConfig:
+        c = _Checker(d, "training")
+        flags = {}
+        for name in ("flash_attention", "overlap_grad_reduce"):
+            value = d.get(name, False) if isinstance(d, dict) else False
+            if not isinstance(value, bool):
+                c.fail(name, f"must be true or false, got {value!r}")
+            flags[name] = bool(value)
+        spec = dict(
+            global_batch_size=c.integer("global_batch_size"),
+            dtype=c.choice("dtype", DTYPES, default="bf16"),
+            optimizer=c.choice("optimizer", OPTIMIZERS, default="adam"),
+            **flags,
+        )
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = _as_dict(self)
+        for name in ("flash_attention", "overlap_grad_reduce"):
+            if not d[name]:
+                d.pop(name)
+        return d
+
+
+STRATEGY_FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "cp",
+    "vpp",
+    "micro_batch_size",
+    "recompute",
+    "zero_stage",
+    "sequence_parallel",
+)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One point of the search space (``strategy.json``). Any field may be None: "search it".
+
+    The degrees multiply to the device count: ``tp * pp * dp * cp``; ``ep`` shards the experts over the
+    ``dp * cp`` ranks of a pipeline stage. Ranks are placed with ``order`` (innermost first).
+    """
+
+    tp: int | None = None
+    """Tensor-parallel degree (Megatron-LM column/row split of every layer)."""
+    pp: int | None = None
+    """Pipeline-parallel stages."""
+    dp: int | None = None
+    """Data-parallel replicas."""
+    ep: int | None = None
+    """Expert-parallel degree (divides dp * cp); 1 for dense models."""
+    cp: int | None = None
+    """Context-parallel degree (sequence split with ring attention)."""
+    vpp: int | None = None
+    """Virtual pipeline chunks per stage (interleaved 1F1B); 1 = plain 1F1B."""
+    micro_batch_size: int | None = None
+    """Sequences per micro-batch."""
+    recompute: str | None = None
+    """Activation recomputation: none, selective (attention core) or full (whole layer)."""
+    zero_stage: int | None = None
+    """ZeRO stage: 0 none, 1 optimizer states sharded (Megatron distributed optimizer), 2 + gradients,
+    3 + parameters (FSDP)."""
+    sequence_parallel: bool | None = None
+    """Megatron sequence parallelism for the non-tensor-parallel regions (needs tp > 1 to matter)."""
+    order: str = "tp-cp-ep-dp-pp"
+    """Rank placement, innermost (fastest-varying, closest on the topology) first."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None, *, partial: bool = True) -> Strategy:
+        d = d or {}
+        c = _Checker(d, "strategy")
+        unknown = sorted(set(d) - set(STRATEGY_FIELDS) - {"order"})
+        for k in unknown:
+            c.fail(k, f"is not a strategy field (known: {', '.join(STRATEGY_FIELDS)})")
+        opt = None if partial else dataclasses.MISSING
+        spec: dict[str, Any] = {}
+        for name in ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch_size"):
+            spec[name] = c.integer(name, default=opt)
+        spec["zero_stage"] = c.integer("zero_stage", minimum=0, default=opt)
+        if spec["zero_stage"] is not None and spec["zero_stage"] > 3:
+            c.fail("zero_stage", f"must be 0, 1, 2 or 3, got {spec['zero_stage']}")
+            spec["zero_stage"] = None
+        spec["recompute"] = c.choice("recompute", RECOMPUTE_MODES, default=opt)
+        sp = d.get("sequence_parallel")
+        if sp is not None and not isinstance(sp, bool):
+            c.fail("sequence_parallel", f"must be true, false or null, got {sp!r}")
+            sp = None
+        elif sp is None and not partial:
+            c.fail("sequence_parallel", "is required")
+        spec["sequence_parallel"] = sp
+        order = d.get("order") or "tp-cp-ep-dp-pp"
+        parts = order.split("-") if isinstance(order, str) else []
+        if sorted(parts) != sorted(["tp", "cp", "ep", "dp", "pp"]):
+            c.fail("order", f"must be a permutation of tp-cp-ep-dp-pp, got {order!r}")
+            order = "tp-cp-ep-dp-pp"
+        spec["order"] = order
+        c.done()
+        return cls(**spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {name: getattr(self, name) for name in STRATEGY_FIELDS}
+        if self.order != "tp-cp-ep-dp-pp":
+            d["order"] = self.order
+        return d
+
+    def fixed_fields(self) -> dict[str, Any]:
+        """The fields this (partial) strategy pins, without the ones left to the search."""
+        return {k: v for k, v in self.to_dict().items() if v is not None}
+
+    @property
+    def is_complete(self) -> bool:
+        return all(getattr(self, name) is not None for name in STRATEGY_FIELDS)
+
+
+def load_inputs(model: dict, cluster: dict, training: dict) -> tuple[ModelSpec, ClusterSpec, TrainingConfig]:
+    """Parse the three documents, reporting the errors of all of them at once (fields prefixed with
+    ``model.``, ``cluster.``, ``training.``)."""
+    errors: dict[str, list[str]] = {}
+    out = []
+    for prefix, cls, data in (
+        ("model", ModelSpec, model),
+        ("cluster", ClusterSpec, cluster),
+        ("training", TrainingConfig, training),
+    ):
+        try:
+            out.append(cls.from_dict(data))
+        except SpecError as exc:
+            errors.update(exc.prefixed(prefix).errors)
+            out.append(None)
+    if errors:
+        raise SpecError(errors)
+    return out[0], out[1], out[2]
+
+
+__all__ = [
+    "ACTIVATIONS",
+    "DTYPES",
+    "DTYPE_BYTES",
+    "OPTIMIZERS",
+    "RECOMPUTE_MODES",
+    "STRATEGY_FIELDS",
+    "ClusterSpec",
+    "DeviceSpec",
+    "LinkSpec",
+    "MoESpec",
+    "ModelSpec",
+    "SpecError",
+    "Strategy",
+    "TierSpec",
+    "TrainingConfig",
+    "load_inputs",
+]
