@@ -1,0 +1,398 @@
+"""The run's configuration, parsed from the public contracts (``model.json``, ``strategy.json``,
+``training.json``, ``plan.json``) plus runtime knobs.
+
+Local parsing on purpose: the planner engine will own ``ModelSpec``/``Strategy``/``TrainingConfig``; when
+it lands these dataclasses become thin adapters. Field names follow the contracts exactly. Every
+validation error is a :class:`ConfigError` naming the offending field, so the CLI can print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """Invalid input; ``field`` names the offending contract field (``strategy.tp``, ``model.moe.top_k``)."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+def _int(d: dict, key: str, prefix: str, *, minimum: int = 1, default: Any = ...) -> int:
+    if key not in d or d[key] is None:
+        if default is ...:
+            raise ConfigError(f"{prefix}.{key}", "is required")
+        return default
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise ConfigError(f"{prefix}.{key}", f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{prefix}.{key}", f"must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _float(d: dict, key: str, prefix: str, default: float) -> float:
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{prefix}.{key}", f"must be a number, got {value!r}")
+    return float(value)
+
+
+def _choice(d: dict, key: str, prefix: str, choices: tuple[str, ...], default: str) -> str:
+    value = d.get(key, default)
+    if value is None:
+        value = default
+    if value not in choices:
+        raise ConfigError(f"{prefix}.{key}", f"must be one of {'|'.join(choices)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The ``moe`` object of ``model.json``."""
+
+    num_experts: int
+    """Routed experts per MoE layer."""
+    top_k: int
+    """Experts each token is sent to."""
+    expert_ffn_hidden_size: int
+    """Hidden size of one expert's feed-forward."""
+    num_shared_experts: int = 0
+    """Always-on experts (DeepSeek-style), computed for every token beside the routed ones."""
+    first_dense_layers: int = 0
+    """The first layers use a dense feed-forward instead of MoE."""
+    layer_frequency: int = 1
+    """After ``first_dense_layers``, every ``layer_frequency``-th layer is MoE."""
+    capacity_factor: float = 1.25
+    """Planner figure; the runtime is dropless (no token is dropped), so it is not used for routing."""
+    load_imbalance: float = 1.0
+    """Planner figure (max/mean expert load); the runtime measures the real one (``expert_load``)."""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MoEConfig:
+        p = "model.moe"
+        num_experts = _int(d, "num_experts", p)
+        top_k = _int(d, "top_k", p)
+        if top_k > num_experts:
+            raise ConfigError(f"{p}.top_k", f"must be <= num_experts ({num_experts}), got {top_k}")
+        return cls(
+            num_experts=num_experts,
+            top_k=top_k,
+            expert_ffn_hidden_size=_int(d, "expert_ffn_hidden_size", p),
+            num_shared_experts=_int(d, "num_shared_experts", p, minimum=0, default=0),
+            first_dense_layers=_int(d, "first_dense_layers", p, minimum=0, default=0),
+            layer_frequency=_int(d, "layer_frequency", p, default=1),
+            capacity_factor=_float(d, "capacity_factor", p, 1.25),
+            load_imbalance=_float(d, "load_imbalance", p, 1.0),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``model.json``: a GPT-style decoder, dense or MoE."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_length: int
+    activation: str = "swiglu"
+    """``swiglu`` (gated, three matrices) or ``gelu`` (two matrices)."""
+    moe: MoEConfig | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        if not isinstance(d, dict):
+            raise ConfigError("model", "must be a JSON object")
+        p = "model"
+        heads = _int(d, "num_attention_heads", p)
+        kv_heads = _int(d, "num_kv_heads", p, default=heads)
+        hidden = _int(d, "hidden_size", p)
+        if hidden % heads:
+            raise ConfigError(f"{p}.hidden_size", f"must be divisible by num_attention_heads ({heads})")
+        if (hidden // heads) % 2:
+            raise ConfigError(f"{p}.hidden_size", "hidden_size / num_attention_heads must be even (rotary)")
+        if heads % kv_heads:
+            raise ConfigError(f"{p}.num_kv_heads", f"must divide num_attention_heads ({heads})")
+        vocab = _int(d, "vocab_size", p)
+        if vocab < 256:
+            raise ConfigError(f"{p}.vocab_size", f"must be >= 256 for byte-level tokens, got {vocab}")
+        moe = d.get("moe")
+        if moe is not None and not isinstance(moe, dict):
+            raise ConfigError(f"{p}.moe", "must be an object or null")
+        return cls(
+            name=str(d.get("name", "model")),
+            num_layers=_int(d, "num_layers", p),
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            ffn_hidden_size=_int(d, "ffn_hidden_size", p),
+            vocab_size=vocab,
+            seq_length=_int(d, "seq_length", p, minimum=2),
+            activation=_choice(d, "activation", p, ("swiglu", "gelu"), "swiglu"),
+            moe=MoEConfig.from_dict(moe) if moe is not None else None,
+        )
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        if self.moe is None or layer_id < self.moe.first_dense_layers:
+            return False
+        return (layer_id - self.moe.first_dense_layers) % self.moe.layer_frequency == 0
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """``strategy.json``: one point of the search space. ``tp*pp*dp*cp`` = world size."""
+
+    tp: int = 1
+    """Tensor-parallel degree: DTensor ``ColwiseParallel``/``RowwiseParallel`` on attention and MLP."""
+    pp: int = 1
+    """Pipeline stages: ``torch.distributed.pipelining`` (1F1B, or interleaved 1F1B when ``vpp > 1``)."""
+    dp: int = 1
+    """Data-parallel degree: DDP (``zero_stage`` 0) or FSDP2 ``fully_shard`` (``zero_stage`` 1-3)."""
+    ep: int = 1
+    """Expert-parallel degree: experts sharded over ``ep`` data-parallel ranks, all-to-all dispatch."""
+    cp: int = 1
+    """Context-parallel degree (not supported by this runtime yet: must be 1)."""
+    vpp: int = 1
+    """Virtual pipeline stages per rank (interleaved 1F1B)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch; ``global_batch_size / (dp * micro_batch_size)`` micro-batches a step."""
+    recompute: str = "none"
+    """Activation checkpointing: ``none``, ``selective`` (attention core recomputed), ``full`` (per block)."""
+    zero_stage: int = 0
+    """0 = DDP; 1/2 = FSDP2 without resharding after forward; 3 = FSDP2 resharding after forward."""
+    sequence_parallel: bool = False
+    """With ``tp > 1``: norms and residual stream sharded on the sequence dimension (``SequenceParallel``)."""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ParallelConfig:
+        if not isinstance(d, dict):
+            raise ConfigError("strategy", "must be a JSON object")
+        p = "strategy"
+        sp = d.get("sequence_parallel", False)
+        if not isinstance(sp, bool):
+            raise ConfigError(f"{p}.sequence_parallel", f"must be true or false, got {sp!r}")
+        zero = _int(d, "zero_stage", p, minimum=0, default=0)
+        if zero > 3:
+            raise ConfigError(f"{p}.zero_stage", f"must be 0-3, got {zero}")
+        cfg = cls(
+            tp=_int(d, "tp", p, default=1),
+            pp=_int(d, "pp", p, default=1),
+            dp=_int(d, "dp", p, default=1),
+            ep=_int(d, "ep", p, default=1),
+            cp=_int(d, "cp", p, default=1),
+            vpp=_int(d, "vpp", p, default=1),
+            micro_batch_size=_int(d, "micro_batch_size", p, default=1),
+            recompute=_choice(d, "recompute", p, ("none", "selective", "full"), "none"),
+            zero_stage=zero,
+            sequence_parallel=sp,
+        )
+        if cfg.cp != 1:
+            raise ConfigError(
+                f"{p}.cp", "context parallelism is not supported by the training runtime yet (use 1)"
+            )
+        if (cfg.dp * cfg.cp) % cfg.ep:
+            raise ConfigError(f"{p}.ep", f"must divide dp*cp ({cfg.dp * cfg.cp}), got {cfg.ep}")
+        if cfg.vpp > 1 and cfg.pp == 1:
+            raise ConfigError(f"{p}.vpp", "virtual pipeline stages need pp > 1")
+        return cfg
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def short(self) -> str:
+        extra = []
+        if self.zero_stage:
+            extra.append(f"zero{self.zero_stage}")
+        if self.sequence_parallel and self.tp > 1:
+            extra.append("sp")
+        if self.recompute != "none":
+            extra.append(f"ac-{self.recompute}")
+        degrees = f"tp{self.tp}-pp{self.pp}-dp{self.dp}-ep{self.ep}" + (
+            f"-vpp{self.vpp}" if self.vpp > 1 else ""
+        )
+        return "-".join([degrees, *extra])
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """``training.json``."""
+
+    global_batch_size: int = 8
+    """Sequences per optimizer step, across all data-parallel ranks."""
+    dtype: str = "fp32"
+    """Compute dtype (``fp32``, ``bf16`` or ``fp16`` autocast; master weights stay fp32)."""
+    optimizer: str = "adamw"
+    """``adam``/``adamw`` (torch.optim.AdamW) or ``sgd``."""
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> TrainingSpec:
+        d = d or {}
+        if not isinstance(d, dict):
+            raise ConfigError("training", "must be a JSON object")
+        p = "training"
+        return cls(
+            global_batch_size=_int(d, "global_batch_size", p, default=8),
+            dtype=_choice(d, "dtype", p, ("fp32", "bf16", "fp16"), "fp32"),
+            optimizer=_choice(d, "optimizer", p, ("adam", "adamw", "sgd"), "adamw"),
+        )
+
+
+@dataclass
+class JobConfig:
+    """Everything one training run needs. Serialised to JSON for ``python -m workers.training.run``."""
+
+    model: ModelConfig
+    strategy: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    steps: int = 10
+    """Optimizer steps to run (counted from ``start_step`` on resume)."""
+    lr: float = 3e-3
+    """Peak learning rate (linear warmup then cosine decay to 10%)."""
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Clip the global gradient norm (0 disables clipping; the norm is reported either way)."""
+    seed: int = 0
+    """Seeds parameter init (identical on every rank) and the data order."""
+    data: str | None = None
+    """Token source: ``None`` = this interpreter's standard-library sources as bytes; else a file or a
+    directory of files (raw bytes are byte tokens, ``.npy`` holds token ids)."""
+    device: str = "auto"
+    """``auto|cpu|cuda|npu`` (``CANN_TRAIN_DEVICE`` overrides ``auto``)."""
+    job_id: str | None = None
+    """Publishes events to Redis stream ``job/<job_id>`` (with ``redis_url``); none = no publishing."""
+    redis_url: str | None = None
+    comm_hook: str | None = None
+    """Name of a DDP communication hook, looked up in ``workers.training.comm`` (zero_stage 0 only)."""
+    expert_bias_update_rate: float = 1e-3
+    """Auxiliary-loss-free balancing step (DeepSeek-V3, Liu et al. 2024, sec. 2.1.2: gamma)."""
+    profile_every: int = 0
+    """Measure compute vs communication with the torch profiler every N steps (0: never)."""
+    start_step: int = 0
+    """Resume point: optimizer steps already taken (the data position follows from it)."""
+    publish: bool = True
+    """With a job id and redis url: publish events (the overhead bench turns it off to compare)."""
+    peak_tflops: float | None = None
+    """Per-device peak (for ``mfu``); unknown on cpu."""
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.training.global_batch_size // self.strategy.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.local_batch_size // self.strategy.micro_batch_size
+
+    def validate(self) -> JobConfig:
+        s, m = self.strategy, self.model
+        gbs = self.training.global_batch_size
+        if gbs % (s.dp * s.micro_batch_size):
+            raise ConfigError(
+                "training.global_batch_size",
+                f"must be divisible by dp*micro_batch_size ({s.dp}*{s.micro_batch_size}), got {gbs}",
+            )
+        if s.tp > 1:
+            if m.num_attention_heads % s.tp or m.num_kv_heads % s.tp:
+                raise ConfigError(
+                    "strategy.tp", f"must divide num_attention_heads and num_kv_heads, got {s.tp}"
+                )
+            if m.ffn_hidden_size % s.tp:
+                raise ConfigError("strategy.tp", f"must divide ffn_hidden_size ({m.ffn_hidden_size})")
+            if s.sequence_parallel and m.seq_length % s.tp:
+                raise ConfigError(
+                    "strategy.sequence_parallel", f"seq_length must be divisible by tp ({s.tp})"
+                )
+        if s.pp * s.vpp > m.num_layers:
+            raise ConfigError("strategy.pp", f"pp*vpp ({s.pp * s.vpp}) exceeds num_layers ({m.num_layers})")
+        if s.pp > 1 and self.num_microbatches < s.pp:
+            raise ConfigError(
+                "strategy.micro_batch_size",
+                f"pipeline needs at least pp ({s.pp}) micro-batches per step, "
+                f"got {self.num_microbatches} (global_batch_size/(dp*micro_batch_size))",
+            )
+        if s.ep > 1:
+            if m.moe is None:
+                raise ConfigError("strategy.ep", "expert parallelism needs an MoE model (model.moe)")
+            if m.moe.num_experts % s.ep:
+                raise ConfigError("strategy.ep", f"must divide model.moe.num_experts ({m.moe.num_experts})")
+        if self.steps < 1:
+            raise ConfigError("steps", "must be >= 1")
+        if self.comm_hook and s.zero_stage != 0:
+            raise ConfigError("comm_hook", "DDP communication hooks apply to zero_stage 0 only")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobConfig:
+        if not isinstance(d, dict):
+            raise ConfigError("config", "must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], f"unknown field (known: {', '.join(sorted(known))})")
+        if "model" not in d:
+            raise ConfigError("model", "is required")
+        kwargs = dict(d)
+        kwargs["model"] = ModelConfig.from_dict(d["model"])
+        kwargs["strategy"] = ParallelConfig.from_dict(d.get("strategy") or {})
+        kwargs["training"] = TrainingSpec.from_dict(d.get("training"))
+        for name in ("lr", "weight_decay", "grad_clip", "expert_bias_update_rate"):
+            if name in kwargs:
+                kwargs[name] = _float(kwargs, name, "config", 0.0)
+        for name in ("steps", "seed", "profile_every", "start_step", "warmup_steps"):
+            if name in kwargs:
+                kwargs[name] = _int(kwargs, name, "config", minimum=0)
+        if kwargs.get("job_id") is not None:
+            kwargs["job_id"] = str(kwargs["job_id"])
+            if not kwargs["job_id"].isdigit():
+                raise ConfigError("job_id", f"must be a number (stream job/<id>), got {kwargs['job_id']!r}")
+        return cls(**kwargs).validate()
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> JobConfig:
+        return cls.from_dict(read_json(path, "config"))
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(what, f"file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(what, f"{path} is not valid JSON ({exc})") from None
+
+
+def strategy_from_plan(plan: dict) -> dict:
+    """A ``plan.json`` holds a strategy plus ``predicted`` figures; the run needs the strategy."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("strategy"), dict):
+        raise ConfigError("plan.strategy", "a plan must contain a 'strategy' object")
+    if plan.get("feasible") is False:
+        raise ConfigError(
+            "plan.feasible", f"the plan is marked infeasible: {plan.get('reason') or 'no reason'}"
+        )
+    return plan["strategy"]

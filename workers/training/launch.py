@@ -1,0 +1,63 @@
+"""Render the ``torchrun`` command that starts the runtime on one node.
+
+The Celery task (multi-node) and ``cann-train train`` (one node) both use :func:`render_torchrun_command`.
+Rendezvous is always c10d at an explicit endpoint: restarts (``--max-restarts``) re-formed the group
+reliably on these machines only that way, with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in the
+environment (``--standalone`` restarts failed to re-form the group); :data:`TORCHRUN_ENV` carries it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+
+
+def render_torchrun_command(
+    config_path: str,
+    nnodes: int,
+    nproc_per_node: int,
+    node_rank: int,
+    rdzv_endpoint: str,
+    run_id: str,
+    max_restarts: int = 0,
+    *,
+    summary_path: str | None = None,
+    python: str | None = None,
+) -> list[str]:
+    """argv for one node. Run it with ``env={**os.environ, **TORCHRUN_ENV}``."""
+    if nnodes < 1 or nproc_per_node < 1 or not 0 <= node_rank < nnodes:
+        raise ValueError(f"bad layout: nnodes={nnodes} nproc_per_node={nproc_per_node} node_rank={node_rank}")
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--node-rank={node_rank}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--rdzv-id={run_id}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "workers.training.run",
+        "--config",
+        str(config_path),
+    ]
+    if summary_path:
+        cmd += ["--summary", str(summary_path)]
+    return cmd
+
+
+def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(TORCHRUN_ENV)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,175 @@
+"""Per-step figures and their publication.
+
+Rank 0 publishes ``kind="train"`` events to Redis stream ``job/<id>`` (``workers.events`` format) with
+torchtitan-style keys, and ``kind="event"`` for the lifecycle (``started``, ``finished``, ``failed``).
+Other ranks contribute through the one small all-reduce the trainer already does per step (gradient norm,
+loss, expert load). Publishing happens on a background thread: the training loop only enqueues a dict.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+TRAIN_KEYS = (
+    "loss",
+    "tokens_per_s",
+    "step_time_s",
+    "compute_s",
+    "comm_s",
+    "bubble_fraction",
+    "memory_GiB",
+    "grad_norm",
+    "lr",
+    "tflops",
+    "mfu",
+    "expert_load",
+)
+
+# Profiler event names that are communication (c10d collectives, their backend kernels, pipeline p2p).
+COMM_MARKERS = (
+    "c10d::",
+    "gloo:",
+    "nccl:",
+    "hccl",
+    "ncclkernel",
+    "allreduce",
+    "all_reduce",
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "reducescatter",
+    "all_to_all",
+    "alltoall",
+    "broadcast",
+    "send",
+    "recv",
+)
+
+
+class EventPublisher:
+    """Publishes events from a background thread (batched with ``publish_many``) so that a slow Redis
+    never stalls a step. ``submit`` is an O(1) enqueue; ``submit_seconds`` accumulates what it cost the
+    training thread (the overhead bench reports it against step time)."""
+
+    def __init__(self, redis_url: str, job_id: str):
+        import redis
+
+        from workers.events import EventWriter
+
+        self.stream = f"job/{job_id}"
+        self._writer = EventWriter(redis.Redis.from_url(redis_url))
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)
+        self.submit_seconds = 0.0
+        self.published = 0
+        self.errors = 0
+        self._thread.start()
+
+    def submit(self, kind: str, values: dict, step: int | None = None) -> None:
+        t0 = time.perf_counter()
+        self._queue.put((kind, step, values))
+        self.submit_seconds += time.perf_counter() - t0
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = []
+            while item is not None:
+                batch.append(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                try:
+                    self._writer.publish_many(self.stream, batch)
+                    self.published += len(batch)
+                except Exception as exc:  # Redis down: training goes on, the figures are lost
+                    self.errors += 1
+                    if self.errors == 1:
+                        print(f"cann-train: publishing to {self.stream} failed: {exc}", file=sys.stderr)
+            if item is None:
+                return
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+
+class NullPublisher:
+    """No job id / Redis: nothing is published (the CLI prints a summary instead)."""
+
+    submit_seconds = 0.0
+    published = 0
+    errors = 0
+
+    def submit(self, kind: str, values: dict, step: int | None = None) -> None:
+        pass
+
+    def close(self, timeout: float = 0.0) -> None:
+        pass
+
+
+@dataclass
+class CommComputeSplit:
+    """Wall time of one profiled step covered by communication, by computation, and by both."""
+
+    comm_s: float
+    compute_s: float
+    overlap_s: float
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.comm_s - self.overlap_s
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def is_comm_event(name: str) -> bool:
+    lowered = name.lower()
+    return any(marker in lowered for marker in COMM_MARKERS)
+
+
+def split_comm_compute(events) -> CommComputeSplit:
+    """From ``torch.profiler`` events of one step: communication = union of the intervals of collective
+    and p2p ops (any thread, device kernels included); computation = union of the other top-level ops.
+    Overlap is where both run at once (e.g. DDP's bucketed all-reduce during backward)."""
+    comm, compute = [], []
+    for ev in events:
+        start, end = ev.time_range.start / 1e6, ev.time_range.end / 1e6  # us -> s
+        if end <= start:
+            continue
+        if is_comm_event(ev.name):
+            comm.append((start, end))
+        elif ev.cpu_parent is None and not ev.name.startswith("ProfilerStep"):
+            compute.append((start, end))
+    comm_u, compute_u = _union(comm), _union(compute)
+    return CommComputeSplit(_length(comm_u), _length(compute_u), _intersection(comm_u, compute_u))

@@ -1,0 +1,43 @@
+"""Runtime entry point, started by ``torchrun`` on every rank::
+
+    torchrun ... -m workers.training.run --config job.json [--summary out.json]
+
+Reads the job config (``JobConfig`` JSON), trains, and on rank 0 writes the summary JSON where asked.
+Never imports Django; talks to Redis only (when the config names a job and a Redis URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from workers.training import device as device_mod
+
+device_mod.prepare_environment()  # before torch is imported (torch-npu without CANN would break it)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.training.run")
+    parser.add_argument("--config", required=True, help="JobConfig JSON")
+    parser.add_argument("--summary", help="rank 0 writes the run summary JSON here")
+    args = parser.parse_args(argv)
+
+    from workers.training.config import JobConfig
+    from workers.training.trainer import Trainer, env_rank
+
+    cfg = JobConfig.load(args.config)
+    rank, world_size, local_rank = env_rank()
+    trainer = Trainer(cfg, rank=rank, world_size=world_size, local_rank=local_rank)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    if rank == 0 and args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The training loop. Built from small components (device, model, data, parallelize, metrics) like
+torchtitan's ``Trainer``; ``train()`` is: maybe resume -> ``train_step`` per step -> publish figures.
+
+Training state that a checkpoint needs is exposed by :meth:`Trainer.state_dict` (model parts, optimizer,
+data position, step); the checkpoint component will save/load it (``start_step`` already resumes the
+data order)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from workers.training import device as device_mod
+from workers.training.config import JobConfig
+from workers.training.data import ShardedTokenLoader, TokenCorpus
+from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
+from workers.training.model import Transformer, flops_per_token, num_params
+from workers.training.parallelize import (
+    ParallelModel,
+    cross_entropy,
+    is_expert_param,
+    parallelize,
+    pipeline_bubble_fraction,
+    tp_shard_count,
+)
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    grad_norm: float
+    step_time_s: float
+    lr: float
+    expert_load: list[float] | None = None
+    expert_imbalance: float | None = None
+
+
+def lr_at(step: int, cfg: JobConfig) -> float:
+    """Linear warmup to ``lr`` then cosine decay to 10% of it at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    total = max(1, cfg.start_step + cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / total)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, *, rank: int = 0, world_size: int = 1, local_rank: int = 0):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        if cfg.world_size != world_size:
+            raise ValueError(
+                f"strategy needs tp*pp*dp*cp = {cfg.world_size} processes, torchrun started {world_size}"
+            )
+        self.device_choice = device_mod.select_device(cfg.device if cfg.device != "auto" else None)
+        self.device = self.device_choice.device_for_local_rank(local_rank)
+        if self.device.type != "cpu":
+            getattr(torch, self.device.type).set_device(self.device)
+        if not dist.is_initialized():
+            dist.init_process_group(self.device_choice.backend, rank=rank, world_size=world_size)
+        torch.manual_seed(cfg.seed)
+
+        model = Transformer(cfg.model)
+        model.init_weights(cfg.seed)
+        self.pm: ParallelModel = parallelize(model, cfg, self.device, world_size, rank)
+        params = list(self.pm.parameters())
+        mixed = any(isinstance(p, DTensor) for p in params) and not all(
+            isinstance(p, DTensor) for p in params
+        )
+        if cfg.training.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, foreach=not mixed)
+        else:  # adam / adamw: torch's AdamW (decoupled weight decay; identical to Adam when it is 0)
+            self.optimizer = torch.optim.AdamW(
+                params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=not mixed
+            )
+        self.step = cfg.start_step
+        self.loader = ShardedTokenLoader(
+            TokenCorpus.from_source(cfg.data),
+            cfg.model.seq_length,
+            cfg.training.global_batch_size,
+            dp_rank=self.pm.coords["dp"],
+            dp_size=self.pm.dims.dp,
+            seed=cfg.seed,
+            consumed_samples=cfg.start_step * cfg.training.global_batch_size,
+        )
+        self.moe_layer_ids = cfg.model.moe_layer_ids
+        self.num_experts = cfg.model.moe.num_experts if cfg.model.moe else 0
+        self.autocast = AUTOCAST_DTYPES.get(cfg.training.dtype)
+        self.tokens_per_step = cfg.training.global_batch_size * cfg.model.seq_length
+        self.flops_per_token = flops_per_token(cfg.model)
+        publishing = cfg.publish and cfg.job_id is not None and cfg.redis_url and rank == 0
+        self.publisher = EventPublisher(cfg.redis_url, cfg.job_id) if publishing else NullPublisher()
+        self.last_split = None
+        self.history: list[StepResult] = []
+
+    # ------------------------------------------------------------------------------------------- a step
+
+    def _forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """Runs forward and backward over the micro-batches; returns this rank's mean loss (last pipeline
+        stage only, else ``None``)."""
+        pm, cfg = self.pm, self.cfg
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast)
+            if self.autocast
+            else contextlib.nullcontext()
+        )
+        if pm.schedule is not None:
+            # torch.distributed.pipelining splits the local batch into micro-batches itself and scales
+            # gradients by 1/num_microbatches; it also handles DDP no_sync / FSDP gradient sync.
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if pm.has_first_stage else ()
+            kwargs = {"target": labels, "losses": losses} if pm.has_last_stage else {}
+            with autocast:
+                pm.schedule.step(*args, **kwargs)
+            return torch.stack(losses).mean().detach() if pm.has_last_stage else None
+        part = pm.parts[0]
+        micro_inputs = inputs.split(cfg.strategy.micro_batch_size)
+        micro_labels = labels.split(cfg.strategy.micro_batch_size)
+        n = len(micro_inputs)
+        total = torch.zeros((), device=self.device)
+        for i, (x, y) in enumerate(zip(micro_inputs, micro_labels, strict=True)):
+            last = i == n - 1
+            if isinstance(part, DistributedDataParallel) and not last:
+                sync = part.no_sync()
+            else:
+                sync = contextlib.nullcontext()
+            if isinstance(part, FSDPModule):
+                part.set_requires_gradient_sync(last)
+            with sync:
+                with autocast:
+                    loss = cross_entropy(part(x), y) / n
+                loss.backward()
+            total += loss.detach()
+        return total
+
+    def _grad_sq_local(self) -> torch.Tensor:
+        """This rank's share of the squared global gradient norm: each gradient piece divided by the number
+        of ranks holding an identical copy, so that one SUM all-reduce over the world gives the total."""
+        dp, tp = self.pm.dims.dp, self.pm.dims.tp
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.pm.parameters():
+            if p.grad is None:
+                continue
+            g = p.grad
+            if isinstance(g, DTensor):
+                copies = dp * tp // tp_shard_count(g)
+                g = g.to_local()
+            elif is_expert_param(p):
+                copies = (dp // self.pm.dims.ep) * tp
+            else:
+                copies = dp * tp
+            total += g.detach().double().pow(2).sum() / copies
+        return total
+
+    def _collect_expert_load(self) -> torch.Tensor:
+        loads = torch.zeros(len(self.moe_layer_ids), max(self.num_experts, 1), device=self.device)
+        for layer_id, moe in self.pm.moe_layers():
+            if self.pm.coords["tp"] == 0:  # TP ranks route the same tokens: count once
+                loads[self.moe_layer_ids.index(layer_id)] = moe.tokens_per_expert
+            moe.tokens_per_expert.zero_()
+        return loads
+
+    def train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> StepResult:
+        cfg, pm = self.cfg, self.pm
+        lr = lr_at(self.step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        local_loss = self._forward_backward(inputs, labels)
+        pm.finish_grads()
+
+        # One small all-reduce per step carries everything rank 0 reports and clipping needs:
+        # [grad_norm^2, loss sum, loss count, expert loads (moe layers x experts)].
+        loads = self._collect_expert_load()
+        contributes_loss = local_loss is not None and pm.coords["tp"] == 0
+        head = torch.stack(
+            [
+                self._grad_sq_local(),
+                (local_loss.double() if contributes_loss else torch.zeros((), dtype=torch.float64)).to(
+                    self.device
+                ),
+                torch.tensor(1.0 if contributes_loss else 0.0, dtype=torch.float64, device=self.device),
+            ]
+        )
+        packed = torch.cat([head, loads.flatten().double()])
+        if self.world_size > 1:
+            dist.all_reduce(packed)
+        grad_norm = float(packed[0].sqrt())
+        loss = float(packed[1] / packed[2].clamp(min=1))
+        global_loads = packed[3:].view_as(loads).float()
+
+        if cfg.grad_clip > 0 and grad_norm > cfg.grad_clip:
+            coef = cfg.grad_clip / (grad_norm + 1e-6)
+            for p in pm.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._update_expert_bias(global_loads)
+        self.step += 1
+
+        result = StepResult(self.step, loss, grad_norm, 0.0, lr)
+        if self.moe_layer_ids:
+            share = global_loads / global_loads.sum(dim=1, keepdim=True).clamp(min=1)
+            result.expert_load = [round(v, 5) for v in share.mean(0).tolist()]
+            result.expert_imbalance = float((share.max(1).values / share.mean(1)).mean())
+        return result
+
+    def _update_expert_bias(self, global_loads: torch.Tensor) -> None:
+        """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i)."""
+        rate = self.cfg.expert_bias_update_rate
+        with torch.no_grad():
+            for layer_id, moe in self.pm.moe_layers():
+                load = global_loads[self.moe_layer_ids.index(layer_id)]
+                moe.expert_bias.add_(rate * torch.sign(load.mean() - load))
+
+    # -------------------------------------------------------------------------------------------- loop
+
+    def _profiled_step(self, inputs, labels) -> StepResult:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof:
+            result = self.train_step(inputs, labels)
+            device_mod.synchronize(self.device.type)
+        self.last_split = split_comm_compute(prof.events())
+        return result
+
+    def train(self) -> dict:
+        cfg, pm = self.cfg, self.pm
+        bubble = pipeline_bubble_fraction(pm.dims.pp, cfg.strategy.vpp, cfg.num_microbatches)
+        self.publisher.submit("event", self._started_values(), step=self.step)
+        try:
+            end = cfg.start_step + cfg.steps
+            while self.step < end:
+                t0 = time.perf_counter()
+                inputs, labels = self.loader.next_batch()
+                profile_now = cfg.profile_every and (self.step + 1) % cfg.profile_every == 0
+                result = (
+                    self._profiled_step(inputs, labels) if profile_now else self.train_step(inputs, labels)
+                )
+                device_mod.synchronize(self.device.type)
+                result.step_time_s = time.perf_counter() - t0
+                self.history.append(result)
+                if self.rank == 0:
+                    self.publisher.submit("train", self._train_values(result, bubble), step=result.step)
+        except Exception as exc:
+            self.publisher.submit("event", {"state": "failed", "message": f"{type(exc).__name__}: {exc}"})
+            self.publisher.close()
+            raise
+        summary = self.summary()
+        self.publisher.submit("event", {"state": "finished", **summary}, step=self.step)
+        self.publisher.close()
+        return summary
+
+    def _started_values(self) -> dict:
+        cfg = self.cfg
+        return {
+            "state": "started",
+            "world_size": self.world_size,
+            "strategy": cfg.strategy.short(),
+            "device": self.device_choice.kind,
+            "backend": self.device_choice.backend,
+            "device_note": self.device_choice.explain(),
+            "model": cfg.model.name,
+            "params": num_params(cfg.model, active=False),
+            "active_params": num_params(cfg.model, active=True),
+            "corpus_tokens": self.loader.corpus.num_tokens,
+            "start_step": cfg.start_step,
+            "steps": cfg.steps,
+        }
+
+    def _train_values(self, r: StepResult, bubble: float) -> dict:
+        tokens_per_s = self.tokens_per_step / r.step_time_s
+        tflops = self.flops_per_token * tokens_per_s / self.world_size / 1e12
+        values = {
+            "loss": round(r.loss, 6),
+            "tokens_per_s": round(tokens_per_s, 2),
+            "step_time_s": round(r.step_time_s, 6),
+            "bubble_fraction": round(bubble, 4),
+            "memory_GiB": round(device_mod.max_memory_GiB(self.device.type), 4),
+            "grad_norm": round(r.grad_norm, 6),
+            "lr": r.lr,
+            "tflops": round(tflops, 6),
+        }
+        if self.cfg.peak_tflops:
+            values["mfu"] = round(tflops / self.cfg.peak_tflops, 5)
+        if self.last_split is not None:  # from the latest profiled step (profile_every)
+            values["compute_s"] = round(self.last_split.compute_s, 6)
+            values["comm_s"] = round(self.last_split.comm_s, 6)
+            values["exposed_comm_s"] = round(self.last_split.exposed_comm_s, 6)
+        if r.expert_load is not None:
+            values["expert_load"] = r.expert_load
+            values["expert_imbalance"] = round(r.expert_imbalance, 4)
+        return values
+
+    def summary(self) -> dict:
+        h = self.history
+        # Steady-state figures skip the first step (process-group warm-up, allocator growth) when possible.
+        steady = h[1:] if len(h) > 1 else h
+        step_time = sum(r.step_time_s for r in steady) / len(steady)
+        out = {
+            "world_size": self.world_size,
+            "strategy": self.cfg.strategy.short(),
+            "strategy_config": {
+                k: getattr(self.cfg.strategy, k) for k in self.cfg.strategy.__dataclass_fields__
+            },
+            "model": self.cfg.model.name,
+            "device": self.device_choice.kind,
+            "steps": len(h),
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s": round(self.tokens_per_step / step_time, 2),
+            "step_time_s": round(step_time, 6),
+            "loss_first": h[0].loss,
+            "loss_last": h[-1].loss,
+            "losses": [r.loss for r in h],
+            "grad_norm_last": h[-1].grad_norm,
+            "bubble_fraction": pipeline_bubble_fraction(
+                self.pm.dims.pp, self.cfg.strategy.vpp, self.cfg.num_microbatches
+            ),
+            "memory_GiB": round(device_mod.max_memory_GiB(self.device.type), 4),
+        }
+        if self.last_split is not None:
+            out["compute_s"], out["comm_s"] = self.last_split.compute_s, self.last_split.comm_s
+        if h[-1].expert_load is not None:
+            out["expert_load"] = h[-1].expert_load
+        if isinstance(self.publisher, EventPublisher):
+            out["publish_submit_s"] = self.publisher.submit_seconds
+        return out
+
+    # ---------------------------------------------------------------------------------- checkpoint seam
+
+    def state_dict(self) -> dict:
+        """Everything a snapshot needs: model parts (sharded where FSDP/TP shard them), optimizer, data
+        position, step. ``torch.distributed.checkpoint`` can save it as is."""
+        return {
+            "step": self.step,
+            "data": self.loader.state_dict(),
+            "model": [part.state_dict() for part in self.pm.raw_parts],
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def close(self) -> None:
+        self.publisher.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def env_rank() -> tuple[int, int, int]:
+    return (
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+    )
