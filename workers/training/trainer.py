@@ -45,6 +45,7 @@ class StepResult:
     lr: float
     expert_load: list[float] | None = None
     expert_imbalance: float | None = None
+    profiled: bool = False
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:
@@ -254,6 +255,7 @@ class Trainer:
                 )
                 device_mod.synchronize(self.device.type)
                 result.step_time_s = time.perf_counter() - t0
+                result.profiled = bool(profile_now)
                 self.history.append(result)
                 if self.rank == 0:
                     self.publisher.submit("train", self._train_values(result, bubble), step=result.step)
@@ -296,6 +298,8 @@ class Trainer:
             "lr": r.lr,
             "tflops": round(tflops, 6),
         }
+        if r.profiled:
+            values["profiled"] = True  # this step ran under the profiler: its step time is inflated
         if self.cfg.peak_tflops:
             values["mfu"] = round(tflops / self.cfg.peak_tflops, 5)
         if self.last_split is not None:  # from the latest profiled step (profile_every)
@@ -309,8 +313,9 @@ class Trainer:
 
     def summary(self) -> dict:
         h = self.history
-        # Steady-state figures skip the first step (process-group warm-up, allocator growth) when possible.
-        steady = h[1:] if len(h) > 1 else h
+        # Steady-state figures skip the first step (process-group warm-up, allocator growth) and the
+        # profiled steps (the profiler slows them) when any other step is left.
+        steady = [r for r in h[1:] if not r.profiled] or h[1:] or h
         step_time = sum(r.step_time_s for r in steady) / len(steady)
         out = {
             "world_size": self.world_size,

@@ -66,3 +66,13 @@ class SerialCommWorker:
     def close(self, timeout: float = 10.0) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=timeout)
+
+
+def row_slice_as(rows: torch.Tensor, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes ``[start, stop)`` of every row of a [W, m] uint8 tensor, reinterpreted as ``dtype``.
+
+    Always copies into a fresh buffer: a row stride of ``m`` bytes is not a multiple of 4 in general,
+    and ``.contiguous()`` would not copy a single-row tensor (then ``.view(int32)`` fails)."""
+    out = torch.empty((rows.shape[0], stop - start), dtype=torch.uint8)
+    out.copy_(rows[:, start:stop])
+    return out.view(dtype)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import native_ops
-from workers.training.comm.collectives import all_gather_rows
+from workers.training.comm.collectives import all_gather_rows, row_slice_as
 from workers.training.comm.stats import CommStats, all_gather_wire_bytes, ring_all_reduce_wire_bytes, timed
 
 log = logging.getLogger(__name__)
@@ -185,11 +185,30 @@ class TopKState(CompressionState):
         )
 
 
+def parameter_segments(bucket) -> list[tuple[int, int]]:
+    """(offset, numel) of each parameter's gradient inside the flat bucket (DDP lays them out back to back
+    in ``bucket.parameters()`` order); one segment for the whole bucket if the layout is anything else."""
+    sizes = [p.numel() for p in bucket.parameters()]
+    n = bucket.buffer().numel()
+    if sum(sizes) != n:
+        return [(0, n)]
+    offsets = [0]
+    for size in sizes[:-1]:
+        offsets.append(offsets[-1] + size)
+    return list(zip(offsets, sizes, strict=True))
+
+
 def topk_ef_hook(state: TopKState, bucket):
+    """Top-k is taken per parameter tensor (layer-wise, as DGC does), not per bucket: the selection then
+    does not depend on how DDP happens to bucket (it re-buckets after step 0, and again after a restart),
+    so a resumed job reproduces an uninterrupted one bit for bit."""
     buf = bucket.buffer()
     _check_bucket(buf, "topk_ef")
     n, w = buf.numel(), state.world_size
-    k = native_ops.k_for_density(n, state.current_density())
+    density = state.current_density()
+    segments = parameter_segments(bucket)
+    ks = [native_ops.k_for_density(size, density) for _, size in segments]
+    k = sum(ks)
     entry_bytes = 4 + torch.finfo(state.value_dtype).bits // 8
     residual = state.residuals.for_bucket(bucket)
     dense = state.dense_fallback and k * entry_bytes * w >= 8 * n  # all-gather wire >= ring all-reduce wire
@@ -206,15 +225,24 @@ def topk_ef_hook(state: TopKState, bucket):
 
         def launch():
             scale = state._scale_in_place(buf)
-            idx, vals = native_ops.topk_ef_compress(
-                buf, residual, k=k, value_dtype=state.value_dtype, scale=scale
-            )
+            idx_parts, val_parts = [], []
+            for (offset, size), k_param in zip(segments, ks, strict=True):
+                idx, vals = native_ops.topk_ef_compress(
+                    buf[offset : offset + size],
+                    residual[offset : offset + size],
+                    k=k_param,
+                    value_dtype=state.value_dtype,
+                    scale=scale,
+                )
+                idx_parts.append(idx.add_(offset))
+                val_parts.append(vals)
+            idx, vals = torch.cat(idx_parts), torch.cat(val_parts)
             packed = torch.cat([idx.view(torch.uint8), vals.view(torch.uint8)])  # one message, 4k + 2k bytes
             work, gathered = all_gather_rows(packed, state.process_group, async_op=True)
 
             def decode(fut):
-                indices = gathered[:, : 4 * k].contiguous().view(torch.int32)
-                values = gathered[:, 4 * k :].contiguous().view(state.value_dtype)
+                indices = row_slice_as(gathered, 0, 4 * k, torch.int32)
+                values = row_slice_as(gathered, 4 * k, payload, state.value_dtype)
                 buf.zero_()
                 native_ops.topk_decompress_add(buf, indices, values)  # rank order: identical on all ranks
                 return buf
@@ -254,8 +282,8 @@ def sign_ef_hook(state: SignState, bucket):
         work, gathered = all_gather_rows(packed, state.process_group, async_op=True)
 
         def decode(fut):
-            all_bits = gathered[:, :nbytes].contiguous()
-            all_scales = gathered[:, nbytes:].contiguous().view(torch.float32)
+            all_bits = row_slice_as(gathered, 0, nbytes, torch.uint8)
+            all_scales = row_slice_as(gathered, nbytes, payload, torch.float32)
             buf.zero_()
             native_ops.sign_decompress_add(buf, all_bits, all_scales, chunk=chunk)
             return buf

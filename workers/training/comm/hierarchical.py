@@ -27,6 +27,7 @@ from workers.training.comm.collectives import (
     all_gather_flat,
     all_gather_rows,
     reduce_scatter_flat,
+    row_slice_as,
 )
 from workers.training.comm.compression import VALUE_DTYPES, linear_density
 from workers.training.comm.stats import CommStats, all_gather_wire_bytes, ring_all_reduce_wire_bytes, timed
@@ -113,8 +114,8 @@ def sparse_all_reduce(
     shard.zero_()
     native_ops.topk_decompress_add(
         shard,
-        gathered[:, : 4 * k].contiguous().view(torch.int32),
-        gathered[:, 4 * k :].contiguous().view(value_dtype),
+        row_slice_as(gathered, 0, 4 * k, torch.int32),
+        row_slice_as(gathered, 4 * k, packed.numel(), value_dtype),
     )
 
 

@@ -1,0 +1,166 @@
+"""``cann-train train``: run the training runtime on this machine, without the control plane.
+
+Writes the job config to a temporary file and starts ``torchrun`` (c10d rendezvous on a free local port,
+the same command the control plane renders) with ``--nproc`` processes, then prints a summary. Exit codes:
+0 ok, 2 invalid input (the message names the field), 1 the run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="run training locally under torchrun and print a summary",
+        description=__doc__.splitlines()[0],
+    )
+    src = p.add_argument_group("what to train")
+    src.add_argument("--plan", help="plan.json (its 'strategy'; its 'model' if present, else --model)")
+    src.add_argument("--strategy", help="strategy.json")
+    src.add_argument("--model", help=f"model.json (tiny examples: {EXAMPLES}/tiny-*.json)")
+    src.add_argument("--training", help="training.json (global_batch_size, dtype, optimizer)")
+    src.add_argument("--data", help="token file or directory (default: this Python's stdlib sources, bytes)")
+    run = p.add_argument_group("run")
+    run.add_argument("--steps", type=int, default=10)
+    run.add_argument("--nproc", type=int, help="processes (default: tp*pp*dp*cp of the strategy)")
+    run.add_argument("--global-batch-size", type=int, help="overrides training.global_batch_size")
+    run.add_argument("--lr", type=float)
+    run.add_argument("--seed", type=int)
+    run.add_argument(
+        "--device", choices=["auto", "cpu", "cuda", "npu"], help="default $CANN_TRAIN_DEVICE or auto"
+    )
+    run.add_argument(
+        "--profile-every", type=int, default=5, help="measure compute vs comm every N steps (0: off)"
+    )
+    run.add_argument("--comm-hook", help="DDP communication hook name (workers.training.comm registry)")
+    run.add_argument("--job-id", default=os.environ.get("CANN_TRAIN_JOB_ID"), help="publish to job/<id>")
+    run.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=train_command)
+
+
+def build_job_config(args: argparse.Namespace):
+    """The ``JobConfig`` these flags describe (raises ``ConfigError`` naming the field)."""
+    from workers.training.config import ConfigError, JobConfig, read_json, strategy_from_plan
+
+    model = None
+    if args.plan:
+        if args.strategy:
+            raise ConfigError("--strategy", "give either --plan or --strategy, not both")
+        plan = read_json(args.plan, "plan")
+        strategy = strategy_from_plan(plan)
+        model = plan.get("model") if isinstance(plan, dict) else None
+    elif args.strategy:
+        strategy = read_json(args.strategy, "strategy")
+    else:
+        raise ConfigError("--strategy", "one of --plan or --strategy is required")
+    if args.model:
+        model = read_json(args.model, "model")
+    if model is None:
+        raise ConfigError("--model", "required (the plan has no 'model')")
+    training = read_json(args.training, "training") if args.training else {}
+    if not isinstance(training, dict):
+        raise ConfigError("training", "must be a JSON object")
+    if args.global_batch_size is not None:
+        training = {**training, "global_batch_size": args.global_batch_size}
+    config = {"model": model, "strategy": strategy, "training": training, "steps": args.steps}
+    for flag, key in (("lr", "lr"), ("seed", "seed"), ("data", "data"), ("device", "device")):
+        if getattr(args, flag) is not None:
+            config[key] = getattr(args, flag)
+    config["profile_every"] = args.profile_every
+    config["comm_hook"] = args.comm_hook
+    if args.job_id and args.redis_url:
+        config["job_id"], config["redis_url"] = str(args.job_id), args.redis_url
+    if args.data is not None and not Path(args.data).exists():
+        raise ConfigError("--data", f"{args.data} does not exist")
+    return JobConfig.from_dict(config)
+
+
+def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = None) -> dict:
+    """Run ``cfg`` under torchrun on this machine; returns rank 0's summary. Raises ``RuntimeError``
+    with the tail of the log when the run fails."""
+    from workers.training.launch import free_port, render_torchrun_command, torchrun_env
+
+    with tempfile.TemporaryDirectory(prefix="cann-train-") as tmp:
+        config_path, summary_path = Path(tmp) / "job.json", Path(tmp) / "summary.json"
+        log = Path(log_path) if log_path else Path(tmp) / "torchrun.log"
+        cfg.save(config_path)
+        cmd = render_torchrun_command(
+            str(config_path),
+            nnodes=1,
+            nproc_per_node=nproc,
+            node_rank=0,
+            rdzv_endpoint=f"127.0.0.1:{free_port()}",
+            run_id=uuid.uuid4().hex[:12],
+            max_restarts=0,
+            summary_path=str(summary_path),
+        )
+        env = torchrun_env()
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with open(log, "w") as out:
+            try:
+                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"run stopped after {timeout:.0f} s\n{_tail(log)}") from None
+        if proc.returncode != 0 or not summary_path.exists():
+            raise RuntimeError(f"torchrun exited with {proc.returncode}\n{_tail(log)}")
+        return json.loads(summary_path.read_text())
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    text = [ln for ln in path.read_text(errors="replace").splitlines() if "FutureWarning" not in ln]
+    return "\n".join(text[-lines:])
+
+
+def format_summary(s: dict) -> str:
+    rows = [
+        f"trained {s['model']} on {s['world_size']} x {s['device']} ({s['strategy']}), {s['steps']} steps",
+        f"  loss          {s['loss_first']:.4f} -> {s['loss_last']:.4f}",
+        f"  tokens/s      {s['tokens_per_s']:.0f}   ({s['tokens_per_step']} tokens/step)",
+        f"  step time     {s['step_time_s'] * 1000:.1f} ms",
+    ]
+    if "comm_s" in s:
+        rows.append(
+            f"  compute/comm  {s['compute_s'] * 1000:.1f} / {s['comm_s'] * 1000:.1f} ms (profiled step)"
+        )
+    if s.get("bubble_fraction"):
+        rows.append(f"  bubble        {s['bubble_fraction']:.1%} (ideal schedule)")
+    rows.append(f"  grad norm     {s['grad_norm_last']:.4f}")
+    rows.append(f"  memory        {s['memory_GiB']:.2f} GiB (rank 0 peak)")
+    if s.get("expert_load"):
+        rows.append("  expert load   " + " ".join(f"{v:.2f}" for v in s["expert_load"]))
+    return "\n".join(rows)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from workers.training.config import ConfigError
+
+    try:
+        cfg = build_job_config(args)
+        nproc = args.nproc if args.nproc is not None else cfg.world_size
+        if nproc != cfg.world_size:
+            raise ConfigError(
+                "--nproc", f"the strategy needs tp*pp*dp*cp = {cfg.world_size} processes, got --nproc {nproc}"
+            )
+    except ConfigError as exc:
+        print(f"cann-train train: invalid input: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = run_local(cfg, nproc, timeout=args.timeout)
+    except RuntimeError as exc:
+        print(f"cann-train train: run failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary) if args.json else format_summary(summary))
+    return 0
