@@ -399,6 +399,13 @@ class CostModel:
         logits = 4.0 * T * m.vocab_size / t * 2
         last = stage_layers * 1.0 + logits
         activations = np.maximum(first, last) + working
+        # ZeRO-3 materialises the gathered parameters of the layer being computed and of the prefetched
+        # next one (PyTorch FSDP: limit_all_gathers keeps two in flight)
+        # (the local shard of those layers is already counted, and never more than the whole stage)
+        layer_params = (dense + expert) / np.maximum(m.num_layers / p, 1.0)
+        gathered = np.minimum(2.0 * layer_params, dense + expert) * (1.0 - 1.0 / dpcp)
+        gathered = np.where(z >= 3, gathered * self.weight_bytes, 0.0)
+        w = w + gathered
         framework = self.eff.framework_overhead_GiB * GiB
         total = w + g + o + activations + framework
         return {"params": w, "grads": g, "optimizer": o, "activations": activations, "total": total}
@@ -518,6 +525,8 @@ class CostModel:
         cp_fwd = (cp - 1) * p2p_time(links["cp"], cp_bytes)
         cp_passes = 1.0 + 2.0 + full + sel
         cp_exposed_layer = np.maximum(0.0, cp_fwd - g["core"]) * cp_passes
+        # overlapped communication is not free: it slows the kernels it runs beside
+        cp_exposed_layer = cp_exposed_layer + eff.overlap_slowdown * (cp_fwd * cp_passes - cp_exposed_layer)
         cp_total_layer = cp_fwd * cp_passes
         cp_vol_layer = cp_passes * (cp - 1) * cp_bytes
         # EP: dispatch and combine all-to-all per MoE layer per pass, the busiest rank carrying
@@ -598,6 +607,7 @@ class CostModel:
         )
         dp_total = np.where(z == 3, ag3 + micro * rs, dp_total)
         dp_exposed = np.select([z == 0, z == 1, z == 2], [exposed0, exposed1, exposed2], exposed3)
+        dp_exposed = dp_exposed + eff.overlap_slowdown * np.maximum(0.0, dp_total - dp_exposed)
         dp_vol = np.select(
             [z <= 1, z == 2],
             [dp_vol_unit, dp_vol_unit * (micro + 1) / 2],
@@ -627,6 +637,8 @@ class CostModel:
         )
         return {
             "step": step,
+            "inline_comm": ideal - micro * compute_micro,
+            "dp_exposed": dp_exposed,
             "ideal": ideal,
             "bubble": bubble,
             "compute": micro * compute_micro,

@@ -48,11 +48,14 @@ class Efficiency:
     """Achieved bus bandwidth / link bandwidth of collectives between nodes."""
     framework_overhead_GiB: float
     """Memory taken before the model: runtime context, communicator buffers, allocator fragmentation."""
+    overlap_slowdown: float = 0.25
+    """Share of the communication time hidden behind compute that is still paid, because collectives
+    running concurrently take compute units and memory bandwidth from the kernels they overlap."""
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> Efficiency:
         eff = profile["efficiency"]
-        return cls(**{f.name: float(eff[f.name]["value"]) for f in fields(cls)})
+        return cls(**{f.name: float(eff[f.name]["value"]) for f in fields(cls) if f.name in eff})
 
     def replace(self, **changes: float) -> Efficiency:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -257,6 +257,8 @@ def _predicted(
         "scaling_efficiency": r(scaling),
         # extensions (not in the seed contract): the rest of the breakdown
         "compute_s": r(tm["compute"][i]),
+        "inline_comm_s": r(tm["inline_comm"][i]),
+        "dp_exposed_s": r(tm["dp_exposed"][i]),
         "bubble_s": r(tm["bubble"][i]),
         "optimizer_s": r(tm["optimizer"][i]),
         "num_micro_batches": int(tm["micro"][i]),
