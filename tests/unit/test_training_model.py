@@ -1,0 +1,93 @@
+"""The plain model: shapes, MoE routing figures, pipeline splitting, parameter counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.training.config import ModelConfig
+from workers.training.model import Transformer, num_params
+from workers.training.parallelize import pipeline_bubble_fraction, pipeline_split, stage_layer_ranges
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
+
+
+def load(name: str) -> ModelConfig:
+    return ModelConfig.from_dict(json.loads((EXAMPLES / name).read_text()))
+
+
+@pytest.mark.parametrize("name", ["tiny-dense.json", "tiny-gelu.json", "tiny-moe.json"])
+def test_forward_gives_logits_over_the_vocabulary_and_counts_match(name):
+    cfg = load(name)
+    model = Transformer(cfg)
+    model.init_weights(0)
+    tokens = torch.randint(0, 256, (2, cfg.seq_length))
+    logits = model(tokens)
+    assert logits.shape == (2, cfg.seq_length, cfg.vocab_size)
+    assert torch.isfinite(logits).all()
+    assert num_params(cfg, active=False) == sum(p.numel() for p in model.parameters())
+
+
+def test_same_seed_same_weights_and_causal_outputs():
+    cfg = load("tiny-dense.json")
+    a, b = Transformer(cfg), Transformer(cfg)
+    a.init_weights(7), b.init_weights(7)
+    tokens = torch.randint(0, 256, (1, cfg.seq_length))
+    changed = tokens.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % 256
+    out, out_changed = a(tokens), b(changed)
+    assert torch.allclose(out[:, :-1], out_changed[:, :-1], atol=1e-6)  # the future cannot leak backwards
+    assert not torch.allclose(out[:, -1], out_changed[:, -1])
+
+
+def test_moe_routes_top_k_per_token_and_tracks_expert_load():
+    cfg = load("tiny-moe.json")
+    model = Transformer(cfg)
+    model.init_weights(0)
+    model(torch.randint(0, 256, (3, cfg.seq_length)))
+    layers = model.moe_layers()
+    assert sorted(layers) == cfg.moe_layer_ids == [1, 2, 3]  # first_dense_layers = 1
+    for moe in layers.values():
+        assert moe.tokens_per_expert.sum().item() == 3 * cfg.seq_length * cfg.moe.top_k
+
+
+def test_expert_bias_steers_routing_without_changing_gate_weights():
+    cfg = load("tiny-moe.json")
+    model = Transformer(cfg)
+    model.init_weights(0)
+    moe = model.moe_layers()[1]
+    x = torch.randn(1, 8, cfg.hidden_size)
+    moe.tokens_per_expert.zero_()
+    moe.expert_bias[:] = torch.tensor([10.0, 10.0, -10.0, -10.0])
+    moe(x)
+    assert moe.tokens_per_expert.tolist() == [8.0, 8.0, 0.0, 0.0]
+
+
+def test_pipeline_stages_compose_to_the_full_model():
+    cfg = load("tiny-dense.json")
+    model = Transformer(cfg)
+    model.init_weights(1)
+    tokens = torch.randint(0, 256, (2, cfg.seq_length))
+    expected = model(tokens)
+    stages = {}
+    for pp_rank in range(2):
+        for index, part in pipeline_split(model, pp_rank, pp=2, vpp=2):
+            stages[index] = part
+    assert sorted(stages) == [0, 1, 2, 3]
+    assert [list(stages[i].layers.keys()) for i in range(4)] == [["0"], ["1"], ["2"], ["3"]]
+    assert stages[0].tok_embeddings is not None and stages[1].tok_embeddings is None
+    assert stages[3].output is not None and stages[2].output is None
+    h = tokens
+    for i in range(4):
+        h = stages[i](h)
+    assert torch.allclose(h, expected, atol=1e-6)
+
+
+def test_stage_ranges_and_ideal_bubble():
+    assert [list(r) for r in stage_layer_ranges(5, 2)] == [[0, 1, 2], [3, 4]]
+    assert pipeline_bubble_fraction(1, 1, 8) == 0.0
+    assert pipeline_bubble_fraction(4, 1, 8) == pytest.approx(3 / 11)
+    assert pipeline_bubble_fraction(4, 2, 8) == pytest.approx(3 / 19)
