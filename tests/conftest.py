@@ -3,10 +3,12 @@ database and the test Redis; plus users, teams and tokens."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,20 @@ def database_url_for_children() -> str:
     return f"postgres://{auth}{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
 
 
+def http(method: str, url: str, token: str | None = None, body=None) -> tuple[int, object]:
+    """A real HTTP call (JSON in, JSON out) with optional token auth."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    data = json.dumps(body).encode() if isinstance(body, dict | list) else body
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
 @dataclass
 class Stack:
     """Real daphne + Celery worker + relay processes."""
@@ -44,8 +60,6 @@ class Stack:
         return path.read_text()[-n:] if path and path.exists() else ""
 
     def wait_healthy(self, timeout: float = 60) -> dict:
-        import json
-
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

@@ -18,6 +18,7 @@ class TeamOwned(models.Model):
 
 class JobState(models.TextChoices):
     QUEUED = "queued"
+    LAUNCHING = "launching"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"

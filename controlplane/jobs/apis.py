@@ -1,21 +1,39 @@
-"""API: training jobs."""
+"""API: training jobs — create (and launch), list, cancel, relaunch, events, live probe."""
 
 from __future__ import annotations
 
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.accounts.selectors import scoped
-from controlplane.common.api import TeamOwnedSerializer
-from controlplane.jobs.models import TrainingJob
+from controlplane.common.api import TeamField, TeamOwnedSerializer
+from controlplane.jobs import services
+from controlplane.jobs.models import JobNode, TrainingJob
 from controlplane.live.selectors import stored_events
+
+
+class JobNodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobNode
+        fields = [
+            "attempt",
+            "node_rank",
+            "node_name",
+            "state",
+            "pid",
+            "exit_code",
+            "started_at",
+            "finished_at",
+        ]
 
 
 class TrainingJobSerializer(TeamOwnedSerializer):
     stream = serializers.CharField(read_only=True)
+    world_size = serializers.IntegerField(read_only=True)
+    predicted_step_time_s = serializers.FloatField(read_only=True, allow_null=True)
+    nodes = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
@@ -25,19 +43,82 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "name",
             "state",
             "progress",
+            "attempts",
+            "nnodes",
+            "nproc_per_node",
+            "world_size",
             "config",
+            "plan",
+            "predicted_step_time_s",
+            "measured",
             "stream",
+            "exit_codes",
+            "nodes",
+            "log_tail",
             "error",
             "human_readable_error",
+            "cancel_requested",
             "created_at",
             "started_at",
             "finished_at",
         ]
-        read_only_fields = ["state", "progress", "error", "human_readable_error", "started_at", "finished_at"]
+        read_only_fields = fields
+
+    def get_nodes(self, job) -> list[dict]:
+        return JobNodeSerializer(job.nodes.filter(attempt=job.attempts), many=True).data
 
 
-class ProbeSerializer(serializers.Serializer):
-    message = serializers.CharField(max_length=200, default="live probe")
+class JobCreateSerializer(serializers.Serializer):
+    """A job from a plan (its strategy) or a strategy, plus the model and the training config."""
+
+    team = TeamField()
+    name = serializers.CharField(max_length=200)
+    model = serializers.JSONField(help_text="model.json")
+    plan = serializers.JSONField(required=False, help_text="plan.json (its strategy is used)")
+    strategy = serializers.JSONField(required=False, help_text="strategy.json (when no plan is given)")
+    training = serializers.JSONField(required=False, help_text="training.json")
+    steps = serializers.IntegerField(min_value=1, max_value=1_000_000, default=20)
+    lr = serializers.FloatField(min_value=0, required=False)
+    seed = serializers.IntegerField(min_value=0, required=False)
+    comm_hook = serializers.CharField(required=False, allow_null=True, max_length=50)
+    device = serializers.ChoiceField(choices=["auto", "cpu", "cuda", "npu"], default="auto")
+    nnodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+
+    def validate(self, attrs):
+        for key in ("model", "plan", "strategy", "training"):
+            if key in attrs and not isinstance(attrs[key], dict):
+                raise serializers.ValidationError({key: ["must be a JSON object"]})
+        plan = attrs.get("plan")
+        if plan is not None and not isinstance(plan.get("strategy"), dict):
+            raise serializers.ValidationError({"plan": ["a plan.json must hold a 'strategy' object"]})
+        if plan is None and "strategy" not in attrs:
+            raise serializers.ValidationError({"strategy": ["give a strategy, or a plan that holds one"]})
+        if "team" not in attrs:
+            teams = list(self.context["request"].user.teams.all()[:2])
+            if len(teams) != 1:
+                raise serializers.ValidationError(
+                    {"team": ["You belong to several teams (or none): say which one."]}
+                )
+            attrs["team"] = teams[0]
+        return attrs
+
+    def job_config(self) -> dict:
+        d = self.validated_data
+        config = {
+            "model": d["model"],
+            "strategy": (d.get("plan") or {}).get("strategy") or d.get("strategy"),
+            "training": d.get("training") or {},
+            "steps": d["steps"],
+            "device": d["device"],
+        }
+        for key in ("lr", "seed", "comm_hook"):
+            if d.get(key) is not None:
+                config[key] = d[key]
+        return config
+
+
+class EventsQuery(serializers.Serializer):
+    after_seq = serializers.IntegerField(min_value=0, default=0)
 
 
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -45,33 +126,59 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     serializer_class = TrainingJobSerializer
 
     def get_queryset(self):
-        return scoped(super().get_queryset(), self.request.user)
+        qs = scoped(super().get_queryset(), self.request.user)
+        if state := self.request.query_params.get("state"):
+            qs = qs.filter(state=state)
+        return qs
 
-    @extend_schema(request=ProbeSerializer, responses={202: None})
+    @extend_schema(request=JobCreateSerializer, responses={201: TrainingJobSerializer})
+    def create(self, request):
+        data = JobCreateSerializer(data=request.data, context={"request": request})
+        data.is_valid(raise_exception=True)
+        job = services.job_create(
+            team=data.validated_data["team"],
+            name=data.validated_data["name"],
+            config=data.job_config(),
+            plan=data.validated_data.get("plan"),
+            nnodes=data.validated_data["nnodes"],
+            created_by=request.user,
+        )
+        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={202: TrainingJobSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Stop the job: a queued job is cancelled at once, a running one within seconds."""
+        job = services.job_cancel(job=self.get_object())
+        return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: TrainingJobSerializer})
+    @action(detail=True, methods=["post"])
+    def relaunch(self, request, pk=None):
+        """Launch a failed or cancelled job again (a new attempt)."""
+        job = services.job_launch(job=self.get_object())
+        return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=serializers.Serializer, responses={202: None})
     @action(detail=True, methods=["post"])
     def probe(self, request, pk=None):
         """Ask a Celery worker to publish one event on this job's live stream."""
         from workers.tasks.health import probe
 
         job = self.get_object()
-        data = ProbeSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        result = probe.apply_async(
-            (job.stream, data.validated_data["message"]), queue="default", ignore_result=True
+        message = (
+            str(request.data.get("message", "live probe"))[:200]
+            if isinstance(request.data, dict)
+            else "live probe"
         )
+        result = probe.apply_async((job.stream, message), queue="default", ignore_result=True)
         return Response({"task_id": result.id, "stream": job.stream}, status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(parameters=[EventsQuery])
     @action(detail=True, methods=["get"])
     def events(self, request, pk=None):
         """The stored history of this job's stream (``after_seq`` to page)."""
         job = self.get_object()
-        try:
-            after = int(request.query_params.get("after_seq", 0))
-        except ValueError:
-            return Response({"after_seq": ["must be an integer"]}, status=status.HTTP_400_BAD_REQUEST)
-        return Response(stored_events(job.stream, after_seq=after, limit=5000))
-
-
-def job_create(*, team, name: str, config: dict, created_by=None) -> TrainingJob:
-    with transaction.atomic():
-        return TrainingJob.objects.create(team=team, name=name, config=config, created_by=created_by)
+        query = EventsQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(stored_events(job.stream, after_seq=query.validated_data["after_seq"], limit=5000))

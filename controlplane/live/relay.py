@@ -33,7 +33,7 @@ CLAIM_IDLE_MS = 30_000
 
 
 class Relay:
-    def __init__(self, *, redis_url: str | None = None, batch: int = 500, block_ms: int = 500):
+    def __init__(self, *, redis_url: str | None = None, batch: int = 500, block_ms: int = 500, periodic=()):
         self.redis = redis.Redis.from_url(
             redis_url or settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5
         )
@@ -44,6 +44,8 @@ class Relay:
         self.layer = get_channel_layer()
         self.stop = threading.Event()
         self.last_claim = 0.0
+        # (interval_s, callable) run between reads: housekeeping that must happen even when no event flows
+        self.periodic = [[interval, fn, 0.0] for interval, fn in periodic]
 
     def discover(self) -> None:
         for key in self.redis.smembers(STREAMS_SET) - self.known:
@@ -88,12 +90,24 @@ class Relay:
         )
         return handled + self.handle(fresh)
 
+    def run_periodic(self) -> None:
+        for entry in self.periodic:
+            interval, fn, last = entry
+            if time.monotonic() - last >= interval:
+                entry[2] = time.monotonic()
+                close_old_connections()
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - housekeeping must not stop the relay
+                    log.exception("relay: periodic %s failed", getattr(fn, "__name__", fn))
+
     def run_forever(self) -> None:
         log.info("relay %s reading %s", self.consumer, settings.REDIS_URL.split("@")[-1])
         backoff = 0.5
         while not self.stop.is_set():
             try:
                 self.step()
+                self.run_periodic()
                 backoff = 0.5
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("relay: Redis unavailable (%s); retrying in %.1fs", exc, backoff)

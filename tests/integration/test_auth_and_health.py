@@ -5,27 +5,13 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.conftest import database_url_for_children, start_stack, stop_stack
+from tests.conftest import database_url_for_children, http, start_stack, stop_stack
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def http(method, url, token=None, body=None):
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Token {token}"
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    req = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=15) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
 
 
 def test_token_auth_over_http(live_stack, make_member, token_for):

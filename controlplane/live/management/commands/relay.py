@@ -7,7 +7,10 @@ class Command(BaseCommand):
     help = "Run the live-event relay: Redis streams -> database + Channels groups."
 
     def handle(self, *args, **options):
-        relay = Relay()
+        from controlplane.jobs.services import reap_orphans
+
+        # the relay is always running, so it also fails jobs whose supervising worker died
+        relay = Relay(periodic=[(5.0, reap_orphans)])
         try:
             relay.run_forever()
         except KeyboardInterrupt:

@@ -1,0 +1,262 @@
+"""Training jobs through the API and a real Celery worker: torchrun on gloo, live events, cancel,
+a killed worker, and two workers acting as two nodes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from rest_framework.test import APIClient
+
+from tests.conftest import database_url_for_children, http, start_stack, stop_stack
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
+
+
+def example(name: str) -> dict:
+    return json.loads((EXAMPLES / name).read_text())
+
+
+def job_payload(steps=6, strategy="dp2.json", **extra) -> dict:
+    return {
+        "name": "tiny",
+        "model": example("tiny-dense.json"),
+        "strategy": example(strategy),
+        "training": example("training.json"),
+        "steps": steps,
+        "device": "cpu",
+        **extra,
+    }
+
+
+@pytest.fixture
+def alice_client(make_member):
+    alice = make_member("alice", "Team A")
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+def wait_for_state(job_id: int, states: set[str], timeout: float = 180) -> object:
+    from controlplane.jobs.models import TrainingJob
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = TrainingJob.objects.get(pk=job_id)
+        if job.state in states:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(
+        f"job {job_id} still {job.state} after {timeout}s: {job.human_readable_error} {job.log_tail[-2000:]}"
+    )
+
+
+def processes_of(job_id: int) -> list[psutil.Process]:
+    marker = f"/jobs/{job_id}/attempt-"
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_job_runs_streams_and_succeeds(live_stack, alice_client):
+    from controlplane.live.models import StreamEvent
+
+    r = alice_client.post(
+        "/api/jobs/",
+        job_payload(steps=6, plan={"strategy": example("dp2.json"), "predicted": {"step_time_s": 0.05}}),
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
+    assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
+    assert job.world_size == 2 and job.attempts == 1
+    assert job.measured["steps"] == 6 and job.measured["world_size"] == 2
+    assert job.measured["tokens_per_s"] > 0 and job.measured["loss_last"] < job.measured["loss_first"]
+    body = alice_client.get(f"/api/jobs/{job.pk}/").json()
+    assert body["predicted_step_time_s"] == 0.05 and body["measured"]["step_time_s"] > 0
+    # every train step was relayed into the database, in order
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        steps = list(
+            StreamEvent.objects.filter(stream=job.stream, kind="train").values_list("step", flat=True)
+        )
+        states = [e.values.get("state") for e in StreamEvent.objects.filter(stream=job.stream, kind="event")]
+        if len(steps) == 6 and "succeeded" in states:
+            break
+        time.sleep(0.3)
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
+    history = alice_client.get(f"/api/jobs/{job.pk}/events/").json()
+    assert [e["seq"] for e in history] == sorted(e["seq"] for e in history)
+    assert processes_of(job.pk) == []
+
+
+def test_invalid_job_is_a_400_naming_the_field(live_stack, alice_client):
+    bad = job_payload()
+    bad["strategy"] = {**bad["strategy"], "tp": 3}
+    r = alice_client.post("/api/jobs/", bad, format="json")
+    assert r.status_code == 400 and "strategy.tp" in r.json()
+    r = alice_client.post("/api/jobs/", {**job_payload(), "nnodes": 3}, format="json")
+    assert r.status_code == 400 and "nnodes" in r.json()
+    r = alice_client.post("/api/jobs/", {**job_payload(), "model": "big"}, format="json")
+    assert r.status_code == 400 and "model" in r.json()
+    r = alice_client.post(
+        "/api/jobs/", {k: v for k, v in job_payload().items() if k != "strategy"}, format="json"
+    )
+    assert r.status_code == 400 and "strategy" in r.json()
+
+
+def test_cancel_stops_every_process(live_stack, alice_client):
+    r = alice_client.post("/api/jobs/", job_payload(steps=100000), format="json")
+    job_id = r.json()["id"]
+    wait_for_state(job_id, {"running"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(processes_of(job_id)) < 3:  # agent + 2 ranks
+        time.sleep(0.2)
+    assert len(processes_of(job_id)) >= 3
+    assert alice_client.post(f"/api/jobs/{job_id}/cancel/").status_code == 202
+    job = wait_for_state(job_id, {"cancelled", "failed", "succeeded"}, timeout=60)
+    assert job.state == "cancelled"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and processes_of(job_id):
+        time.sleep(0.2)
+    assert processes_of(job_id) == []
+    r = alice_client.post(f"/api/jobs/{job_id}/cancel/")
+    assert r.status_code == 400 and "already ended" in r.json()["state"][0]
+
+
+def test_killed_worker_leaves_the_job_failed_and_relaunchable(make_member, token_for, django_db_blocker):
+    """A stack (on its own Redis database, so no other worker can take the job) whose only training
+    worker is SIGKILLed mid-run: the job ends failed, not stuck "running", says why, its ranks are
+    gone, and a relaunch on a fresh worker succeeds."""
+    token = token_for(make_member("alice", "Team A"))
+    with django_db_blocker.unblock():
+        db_url = database_url_for_children()
+    redis_url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/3"
+    os.environ["CANN_TRAIN_HEARTBEAT_TIMEOUT_S"] = "6"
+    try:
+        stack = start_stack(
+            redis_url=redis_url, database_url=db_url, name="kill", worker_queues="default,training"
+        )
+    finally:
+        del os.environ["CANN_TRAIN_HEARTBEAT_TIMEOUT_S"]
+    try:
+        stack.wait_healthy()
+        status, body = http("POST", stack.base_url + "/api/jobs/", token, job_payload(steps=100000))
+        assert status == 201, body
+        job_id = body["id"]
+        wait_for_state(job_id, {"running"})
+        os.killpg(stack.procs["worker"].pid, signal.SIGKILL)
+        job = wait_for_state(job_id, {"failed", "succeeded", "cancelled"}, timeout=90)
+        assert job.state == "failed"
+        assert "stopped answering" in job.human_readable_error and "Relaunch" in job.human_readable_error
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and processes_of(job_id):
+            time.sleep(0.3)
+        assert processes_of(job_id) == []
+        assert http("GET", f"{stack.base_url}/api/jobs/{job_id}/", token)[1]["state"] == "failed"
+        # a new worker on the same broker takes the relaunched attempt
+        stack.procs["worker"] = __import__("subprocess").Popen(
+            stack.procs["worker"].args,
+            cwd=Path(__file__).resolve().parents[2],
+            env=stack.env,
+            stdout=stack.logs["worker"].open("ab"),
+            stderr=-2,
+            start_new_session=True,
+        )
+        status, body = http("POST", f"{stack.base_url}/api/jobs/{job_id}/relaunch/", token)
+        assert status == 202 and body["attempts"] == 2, body
+        wait_for_state(job_id, {"running"})  # the fresh worker took the new attempt
+        status, body = http("POST", f"{stack.base_url}/api/jobs/{job_id}/cancel/", token)
+        assert status == 202
+        job = wait_for_state(job_id, {"cancelled"}, timeout=90)
+        assert job.attempts == 2
+    finally:
+        stop_stack(stack)
+
+
+def test_relaunch_after_failure(live_stack, alice_client):
+    from controlplane.jobs.services import job_fail
+
+    r = alice_client.post("/api/jobs/", job_payload(steps=3), format="json")
+    job_id = r.json()["id"]
+    job = wait_for_state(job_id, {"succeeded", "failed"})
+    assert job.state == "succeeded"
+    r = alice_client.post(f"/api/jobs/{job_id}/relaunch/")
+    assert r.status_code == 400  # a succeeded job is not relaunched
+    job_fail(job_id=job_id, human="pretend")  # no-op: it already ended
+    job = wait_for_state(job_id, {"succeeded"})
+    assert job.attempts == 1
+
+
+def test_two_workers_as_two_nodes_run_one_job(live_stack, alice_client):
+    """One Celery worker per "node" (own node queue), one torchrun agent each, one c10d rendezvous."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    workers = []
+    for name in ("node-a", "node-b"):
+        env = {**live_stack.env, "CANN_TRAIN_NODE": name}
+        cmd = [
+            live_stack.procs["worker"].args[0],
+            "-m",
+            "celery",
+            "-A",
+            "workers.celery",
+            "worker",
+            "-Q",
+            f"node.{name}",
+            "-P",
+            "threads",
+            "-c",
+            "2",
+            "-n",
+            f"{name}-{os.getpid()}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        log = Path(live_stack.logs["worker"]).with_name(f"{name}.log")
+        workers.append(
+            subprocess.Popen(
+                cmd,
+                cwd=root,
+                env=env,
+                stdout=log.open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    try:
+        from controlplane.jobs.launch import online_node_queues
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(online_node_queues()) < 2:
+            time.sleep(0.5)
+        assert online_node_queues() == ["node.node-a", "node.node-b"]
+        r = alice_client.post("/api/jobs/", job_payload(steps=4, nnodes=2), format="json")
+        assert r.status_code == 201, r.content
+        assert r.json()["nproc_per_node"] == 1
+        job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
+        assert job.state == "succeeded", (job.human_readable_error, job.log_tail)
+        nodes = alice_client.get(f"/api/jobs/{job.pk}/").json()["nodes"]
+        assert [(n["node_rank"], n["node_name"], n["state"], n["exit_code"]) for n in nodes] == [
+            (0, "node-a", "succeeded", 0),
+            (1, "node-b", "succeeded", 0),
+        ]
+        assert job.measured["world_size"] == 2
+    finally:
+        from controlplane.stack import stop
+
+        stop(workers)
