@@ -35,6 +35,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke_view, name="token-revoke"),
+    path("jobs/", include("controlplane.jobs.urls")),
+    path("planning/", include("controlplane.planning.urls")),
     path("healthz", healthz, name="healthz"),
     path("api/", include(api)),
     path("admin/", admin.site.urls),

@@ -1,0 +1,9 @@
+"""Pages of training jobs (the API is in apis.py, mounted under /api/jobs/)."""
+
+from django.urls import path
+
+from controlplane.jobs import views
+
+urlpatterns = [
+    path("", views.job_list, name="job-list"),
+]
