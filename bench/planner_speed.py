@@ -62,8 +62,10 @@ def main() -> int:
         )
     fastest = min(times)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {os.cpu_count()} cores, 1-min load average {load:.1f} (wall time grows with other jobs; "
-          f"CPU time does not)")
+    print(
+        f"machine: {os.cpu_count()} cores, 1-min load average {load:.1f} (wall time grows with other jobs; "
+        f"CPU time does not)"
+    )
     verdict = "PASS" if fastest <= TARGET_S else "FAIL"
     print(
         f"full search time (best of {args.repeat}, incl. scaling baseline): {fastest:.3f} s "
