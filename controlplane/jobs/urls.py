@@ -6,4 +6,6 @@ from controlplane.jobs import views
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
+    path("compare/", views.job_compare, name="job-compare"),
+    path("<int:pk>/", views.job_detail, name="job-detail"),
 ]

@@ -1,0 +1,208 @@
+"""The job pages in a real Chromium against the real stack: a 2-rank CPU job trains live on its page
+(predicted vs measured step time, loss points appended as they come, the zoom kept), the launch form,
+cancel from the page, and the compare page."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.conftest import PASSWORD
+from tests.integration.test_jobs import example, job_payload, wait_for_state
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
+
+POINTS = "(id) => { const d = document.getElementById(id); return d && d.data ? d.data[0].x.length : -1; }"
+X_VALUES = "(id) => document.getElementById(id).data[0].x"
+
+
+def log_in(page, base_url: str, username: str) -> None:
+    page.goto(base_url + "/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(base_url + "/")
+
+
+def wait_for_points(page, more_than: int, chart: str = "chart-loss", timeout: float = 90) -> int:
+    page.wait_for_function(
+        "([id, n]) => { const d = document.getElementById(id); return d && d.data && d.data[0].x.length > n; }",
+        arg=[chart, more_than],
+        timeout=timeout * 1000,
+    )
+    return page.evaluate(POINTS, chart)
+
+
+def wait_for_train_events(job, count: int, timeout: float = 90) -> None:
+    from controlplane.live.models import StreamEvent
+
+    deadline = time.monotonic() + timeout
+    while StreamEvent.objects.filter(stream=job.stream, kind="train").count() < count:
+        assert time.monotonic() < deadline, f"fewer than {count} train events of {job.stream} stored"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def alice(make_member):
+    return make_member("alice", "Team A")
+
+
+def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page, alice):
+    from controlplane.jobs.models import TrainingJob
+
+    client = APIClient()
+    client.force_authenticate(alice)
+    plan = {"strategy": example("dp2.json"), "predicted": {"step_time_s": 0.05, "tokens_per_s": 5120.0}}
+    steps = 40
+    r = client.post(
+        "/api/jobs/",
+        job_payload(steps=steps, plan=plan, profile_every=5, name="planned-live"),
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    job_id = r.json()["id"]
+
+    log_in(page, live_stack.base_url, "alice")
+    page.goto(f"{live_stack.base_url}/jobs/{job_id}/")
+    page.wait_for_selector("#live-status[data-state=live]", timeout=15000)
+    assert page.inner_text("#predicted-step-time") == "50.0 ms"
+    first = page.evaluate(POINTS, "chart-loss")
+    assert 0 <= first < steps, "the page opened after the run ended: nothing left to see live"
+
+    # points arrive one by one while the page stays open
+    seen = wait_for_points(page, max(first, 1))
+    more = wait_for_points(page, seen)
+    assert first < seen < more
+    # the measured step time shows up beside the prediction while the job runs
+    page.wait_for_function(
+        "() => document.getElementById('measured-step-time').dataset.value !== undefined", timeout=60000
+    )
+
+    page.wait_for_selector("#job-state[data-state=succeeded]", timeout=120000)
+    job = TrainingJob.objects.get(pk=job_id)
+    assert job.state == "succeeded"
+    # the header, figures, log and timeline updated without a reload
+    page.wait_for_function("() => document.getElementById('job-log').textContent.length > 40", timeout=10000)
+    assert page.evaluate(POINTS, "chart-loss") == steps
+    assert page.evaluate(X_VALUES, "chart-loss") == list(range(1, steps + 1))  # no duplicate, no gap
+    measured = float(page.get_attribute("#measured-step-time", "data-value"))
+    assert measured == pytest.approx(job.measured["step_time_s"])
+    ratio = float(page.get_attribute("#step-time-ratio", "data-value"))
+    assert ratio == pytest.approx(job.measured["step_time_s"] / 0.05)
+    states = page.eval_on_selector_all("#job-events li", "els => els.map(e => e.dataset.state)")
+    assert (
+        states[0] == "queued" and "started" in states and "finished" in states and states[-1] == "succeeded"
+    )
+    assert page.is_hidden("#cancel-button")
+    # the step-time split: compute and exposed comm from the profiled steps, stacked under the prediction
+    split = page.evaluate(
+        "() => document.getElementById('chart-step').data.map(t => t.y.reduce((a, b) => a + b, 0))"
+    )
+    assert split[0] > 0 and len(split) == 4
+    shapes = page.evaluate("() => document.getElementById('chart-step').layout.shapes.map(s => s.y0)")
+    assert shapes == [0.05]
+    # the loss smoothing slider recomputes the smoothed trace client-side
+    raw_last = page.evaluate("() => document.getElementById('chart-loss').data[1].y.at(-1)")
+    page.eval_on_selector(
+        "#loss-smoothing", "el => { el.value = '0'; el.dispatchEvent(new Event('input')); }"
+    )
+    assert page.evaluate("() => document.getElementById('chart-loss').data[1].y.at(-1)") == pytest.approx(
+        job.measured["loss_last"], rel=1e-4
+    )
+    assert raw_last != page.evaluate("() => document.getElementById('chart-loss').data[1].y.at(-1)")
+
+    # a page opened after the run draws the same points from the stored history
+    page.reload()
+    page.wait_for_selector("#live-status[data-state=live]", timeout=15000)
+    assert page.evaluate(X_VALUES, "chart-loss") == list(range(1, steps + 1))
+    assert page.inner_text("#job-state") == "succeeded"
+    assert page.js_errors == []
+
+
+def test_launch_form_then_reload_mid_run_keeps_zoom_and_cancel_ends_it(live_stack, page, alice):
+    from controlplane.jobs.models import TrainingJob
+
+    log_in(page, live_stack.base_url, "alice")
+    page.goto(live_stack.base_url + "/jobs/")
+    page.fill("#launch-form input[name=name]", "from-the-form")
+    page.select_option("#launch-form select[name=model]", "tiny-dense")
+    page.select_option("#launch-form select[name=strategy]", "dp2")
+    page.fill("#launch-form input[name=steps]", "100000")
+    page.fill("#launch-form input[name=profile_every]", "0")
+    page.click("#launch-button")
+    page.wait_for_url(f"{live_stack.base_url}/jobs/*/")
+    job = TrainingJob.objects.get(name="from-the-form")
+    assert page.url.endswith(f"/jobs/{job.pk}/")
+    assert job.world_size == 2 and job.config["device"] == "cpu" and job.plan is None
+    assert page.inner_text("#predicted-step-time") == "no plan"
+
+    # open it again mid-run: the stored history first, then live points, no duplicate and no gap
+    wait_for_train_events(job, 3)
+    page.reload()
+    page.wait_for_selector("#live-status[data-state=live]", timeout=15000)
+    n = wait_for_points(page, 3)
+    n = wait_for_points(page, n + 2)
+    xs = page.evaluate(X_VALUES, "chart-loss")
+    assert xs == list(range(1, len(xs) + 1))
+
+    # a zoom the user chose survives new points
+    page.evaluate("() => Plotly.relayout('chart-loss', {'xaxis.range': [1, 3]})")
+    wait_for_points(page, page.evaluate(POINTS, "chart-loss") + 3)
+    assert page.evaluate("() => document.getElementById('chart-loss').layout.xaxis.range") == [1, 3]
+
+    page.click("#cancel-button")
+    page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60000)
+    assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=30).state == "cancelled"
+    assert page.is_visible("#relaunch-button") and page.is_hidden("#cancel-button")
+    assert page.js_errors == []
+
+
+def test_compare_page_overlays_two_jobs_and_appends_the_running_one(live_stack, page, alice):
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.live.services import publish
+
+    team = alice.teams.first()
+    done = TrainingJob.objects.create(
+        team=team, name="done", state="succeeded", config={"strategy": example("dp2.json")}
+    )
+    running = TrainingJob.objects.create(
+        team=team, name="running", state="running", config={"strategy": example("single.json")}
+    )
+
+    def train(job, step):
+        values = {"loss": 6.0 - 0.1 * step, "tokens_per_s": 1000.0 + step, "step_time_s": 0.1}
+        publish(job.stream, "train", values, step=step)
+
+    for step in range(1, 6):
+        train(done, step)
+    for step in range(1, 4):
+        train(running, step)
+    wait_for_train_events(done, 5)
+    wait_for_train_events(running, 3)
+
+    log_in(page, live_stack.base_url, "alice")
+    page.goto(f"{live_stack.base_url}/jobs/compare/?ids={done.pk},{running.pk}")
+    page.wait_for_selector("#live-status[data-state=live]", timeout=15000)
+    lengths = "(id) => document.getElementById(id).data.map(t => t.x.length)"
+    assert page.evaluate(lengths, "compare-loss") == [5, 3]
+    assert page.evaluate(lengths, "compare-tokens") == [5, 3]
+    names = page.evaluate("() => document.getElementById('compare-loss').data.map(t => t.name)")
+    assert names == [f"#{done.pk} done (tp1-pp1-dp2-ep1)", f"#{running.pk} running (tp1-pp1-dp1-ep1)"]
+
+    train(running, 4)
+    publish(running.stream, "event", {"state": "succeeded"})
+    page.wait_for_function(
+        "() => document.getElementById('compare-loss').data[1].x.length === 4", timeout=20000
+    )
+    page.wait_for_selector(f"#compared-jobs tr[data-job='{running.pk}'] .state[data-state=succeeded]")
+
+    # from the list: tick two jobs, Compare
+    page.goto(live_stack.base_url + "/jobs/")
+    page.check(f"input.pick[value='{done.pk}']")
+    page.check(f"input.pick[value='{running.pk}']")
+    page.click("#compare-button")
+    page.wait_for_url(f"**/jobs/compare/?ids={done.pk}%2C{running.pk}")
+    assert page.locator("#compared-jobs tbody tr").count() == 2
+    assert page.js_errors == []
