@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workers.planner.calibration import FIT_BOUNDS, ReferenceRun, errors, fit_efficiency, predict_run  # noqa: E402
+from workers.planner.examples import REFERENCE_RUNS  # noqa: E402
 from workers.planner.hardware import efficiency_for  # noqa: E402
 
 TARGET_MAPE = 8.0
@@ -35,7 +36,7 @@ def _fmt_eff(eff) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default=str(ROOT.parent / "shared" / "data" / "reference_runs.json"))
+    parser.add_argument("--runs", default=str(REFERENCE_RUNS))
     parser.add_argument("--loo", action="store_true", help="leave-one-out: refit without each run (slow)")
     parser.add_argument("--fit", action="store_true", help="fit the constants on all runs and print them")
     args = parser.parse_args()

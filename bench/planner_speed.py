@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search  # noqa: E402
+from workers.planner.examples import CONTRACTS  # noqa: E402
 from workers.planner.search import clear_caches  # noqa: E402
 
 TARGET_S = 2.0
@@ -25,7 +26,7 @@ TARGET_S = 2.0
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--contracts", default=str(ROOT.parent / "shared" / "contracts"))
+    parser.add_argument("--contracts", default=str(CONTRACTS))
     args = parser.parse_args()
     c = Path(args.contracts)
     model = ModelSpec.from_dict(json.loads((c / "model-moe.json").read_text()))

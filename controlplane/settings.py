@@ -182,7 +182,14 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "controlplane.common.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
+        "rest_framework_yaml.renderers.YAMLRenderer",  # ?format=yaml: export in the contract format
         "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework_yaml.parsers.YAMLParser",  # import cluster.yaml / model.yaml
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
     ],
 }
 SPECTACULAR_SETTINGS = {

@@ -7,14 +7,17 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from controlplane.accounts.apis import MeApi, TokenListCreateApi, TokenRevokeApi
-from controlplane.clusters.apis import ClusterViewSet
+from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
 from controlplane.common import views
 from controlplane.common.health import healthz
 from controlplane.jobs.apis import TrainingJobViewSet
-from controlplane.planning.apis import StrategySearchViewSet
+from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
 
 router = DefaultRouter()
+router.register("hardware-profiles", HardwareProfileViewSet, basename="hardware-profile")
 router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("models", ModelSpecViewSet, basename="model")
+router.register("plans", PlanViewSet, basename="plan")
 router.register("searches", StrategySearchViewSet, basename="search")
 router.register("jobs", TrainingJobViewSet, basename="job")
 
@@ -22,6 +25,7 @@ api = [
     path("me/", MeApi.as_view(), name="api-me"),
     path("tokens/", TokenListCreateApi.as_view(), name="api-tokens"),
     path("tokens/<int:pk>/", TokenRevokeApi.as_view(), name="api-token-revoke"),
+    path("plans/evaluate/", EvaluateApi.as_view(), name="api-plan-evaluate"),
     path("green/", include("controlplane.green.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

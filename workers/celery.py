@@ -15,7 +15,7 @@ from kombu import Queue
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 # every module that defines tasks; a worker imports them at start
-TASK_MODULES = ["workers.tasks.health", "workers.tasks.training"]
+TASK_MODULES = ["workers.tasks.health", "workers.tasks.planning", "workers.tasks.training"]
 
 app = Celery("cann_train", include=TASK_MODULES)
 app.config_from_object("django.conf:settings", namespace="CELERY")

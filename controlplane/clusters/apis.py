@@ -1,52 +1,67 @@
-"""API: cluster topologies in the ``cluster.json`` contract format."""
+"""API: hardware profiles and cluster topologies (the ``cluster.json`` contract)."""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
-from controlplane.clusters.models import Cluster
-from controlplane.clusters.validation import validate_cluster_document
-from controlplane.common.api import TeamOwnedSerializer, TeamScopedViewSet
+from controlplane.clusters.models import Cluster, HardwareProfile
+from controlplane.common.api import TeamScopedViewSet
+from controlplane.common.documents import DocumentSerializer
+from controlplane.planning.specs import checked
 
 
-class ClusterSerializer(TeamOwnedSerializer):
+class ClusterSerializer(DocumentSerializer):
     """Reads and writes the ``cluster.json`` document; ``id``, ``team`` and timestamps are added."""
 
-    class Meta:
+    class Meta(DocumentSerializer.Meta):
         model = Cluster
-        fields = ["id", "team", "created_at", "updated_at"]
-        read_only_fields = ["id", "created_at", "updated_at"]
 
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                {"non_field_errors": ["Send the cluster.json document as a JSON object."]}
-            )
-        attrs = super().to_internal_value({k: v for k, v in data.items() if k == "team"})
-        document = {k: v for k, v in data.items() if k not in {"team", "id", "created_at", "updated_at"}}
-        if self.partial and self.instance is not None:
-            document = {**self.instance.spec, **document}
-        attrs["spec"] = validate_cluster_document(document)
-        attrs["name"] = attrs["spec"]["name"]
-        return attrs
+    def validate_document(self, document):
+        checked("cluster", document)
+        return {}
 
-    def validate(self, attrs):
-        attrs = super().validate(attrs)
-        team = attrs.get("team") or self.instance.team
-        clash = Cluster.objects.filter(team=team, name=attrs["name"])
-        if self.instance is not None:
-            clash = clash.exclude(pk=self.instance.pk)
-        if clash.exists():
-            raise serializers.ValidationError(
-                {"name": [f"Your team already has a cluster named {attrs['name']!r}."]}
-            )
-        return attrs
 
-    def to_representation(self, instance):
-        base = super().to_representation(instance)
-        return {**instance.spec, **base}
+class _Efficiency(serializers.Serializer):
+    value = serializers.FloatField(min_value=0)
+    source = serializers.CharField(allow_blank=False)
+
+
+class HardwareProfileDocument(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    confidence = serializers.ChoiceField(choices=HardwareProfile.Confidence.choices, default="published")
+    peak_tflops = serializers.DictField(child=serializers.FloatField(min_value=0.001), allow_empty=False)
+    memory_GiB = serializers.FloatField(min_value=0.001)
+    memory_bandwidth_GBps = serializers.FloatField(min_value=0.001, required=False)
+    tdp_watts = serializers.FloatField(min_value=1, required=False)
+    sources = serializers.DictField(
+        child=serializers.CharField(),
+        allow_empty=False,
+        help_text="field -> citation; every number needs a source",
+    )
+    efficiency = serializers.DictField(child=_Efficiency(), required=False)
+
+
+class HardwareProfileSerializer(DocumentSerializer):
+    class Meta(DocumentSerializer.Meta):
+        model = HardwareProfile
+
+    def validate_document(self, document):
+        checked_doc = HardwareProfileDocument(data=document)
+        checked_doc.is_valid(raise_exception=True)
+        return {"confidence": checked_doc.validated_data["confidence"]}
 
 
 class ClusterViewSet(TeamScopedViewSet):
     queryset = Cluster.objects.select_related("team")
     serializer_class = ClusterSerializer
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if device := self.request.query_params.get("device"):
+            qs = qs.filter(spec__device__name=device)
+        return qs
+
+
+class HardwareProfileViewSet(TeamScopedViewSet):
+    queryset = HardwareProfile.objects.select_related("team")
+    serializer_class = HardwareProfileSerializer

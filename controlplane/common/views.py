@@ -10,19 +10,23 @@ from django.views.decorators.http import require_POST
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.accounts.services import token_issue, token_revoke
+from controlplane.clusters.models import Cluster
 from controlplane.jobs.models import TrainingJob
-from controlplane.planning.models import StrategySearch
+from controlplane.planning.models import ModelSpec, StrategySearch
 
 
 @login_required
 def dashboard(request):
     jobs = scoped(TrainingJob.objects.all(), request.user).select_related("team")[:20]
     searches = scoped(StrategySearch.objects.all(), request.user).select_related("team")[:20]
-    return render(
-        request,
-        "dashboard.html",
-        {"jobs": jobs, "searches": searches, "teams": teams_of(request.user)},
-    )
+    context = {
+        "jobs": jobs,
+        "searches": searches,
+        "teams": teams_of(request.user),
+        "clusters": scoped(Cluster.objects.all(), request.user),
+        "models": scoped(ModelSpec.objects.all(), request.user),
+    }
+    return render(request, "dashboard.html", context)
 
 
 @login_required

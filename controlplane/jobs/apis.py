@@ -49,6 +49,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "world_size",
             "config",
             "plan",
+            "source_plan",
             "predicted_step_time_s",
             "measured",
             "stream",
@@ -73,7 +74,10 @@ class JobCreateSerializer(serializers.Serializer):
 
     team = TeamField()
     name = serializers.CharField(max_length=200)
-    model = serializers.JSONField(help_text="model.json")
+    plan_id = serializers.IntegerField(
+        required=False, help_text="a stored plan: its strategy, model and training"
+    )
+    model = serializers.JSONField(required=False, help_text="model.json (default: the stored plan's)")
     plan = serializers.JSONField(required=False, help_text="plan.json (its strategy is used)")
     strategy = serializers.JSONField(required=False, help_text="strategy.json (when no plan is given)")
     training = serializers.JSONField(required=False, help_text="training.json")
@@ -81,10 +85,30 @@ class JobCreateSerializer(serializers.Serializer):
     lr = serializers.FloatField(min_value=0, required=False)
     seed = serializers.IntegerField(min_value=0, required=False)
     comm_hook = serializers.CharField(required=False, allow_null=True, max_length=50)
+    profile_every = serializers.IntegerField(
+        min_value=0, required=False, help_text="measure compute vs communication every N steps (0: never)"
+    )
     device = serializers.ChoiceField(choices=["auto", "cpu", "cuda", "npu"], default="auto")
     nnodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
 
     def validate(self, attrs):
+        if "plan_id" in attrs:
+            from controlplane.planning.models import Plan
+
+            stored = (
+                scoped(Plan.objects.all(), self.context["request"].user).filter(pk=attrs["plan_id"]).first()
+            )
+            if stored is None:
+                raise serializers.ValidationError({"plan_id": ["no such plan among your teams'"]})
+            attrs["source_plan"] = stored
+            attrs.setdefault("plan", {**stored.to_contract(), "id": stored.pk})
+            attrs.setdefault("model", stored.model_doc)
+            attrs.setdefault("training", stored.training)
+            attrs.setdefault("team", stored.team)
+        if "model" not in attrs:
+            raise serializers.ValidationError(
+                {"model": ["give a model.json (or a plan_id whose model is used)"]}
+            )
         for key in ("model", "plan", "strategy", "training"):
             if key in attrs and not isinstance(attrs[key], dict):
                 raise serializers.ValidationError({key: ["must be a JSON object"]})
@@ -111,7 +135,7 @@ class JobCreateSerializer(serializers.Serializer):
             "steps": d["steps"],
             "device": d["device"],
         }
-        for key in ("lr", "seed", "comm_hook"):
+        for key in ("lr", "seed", "comm_hook", "profile_every"):
             if d.get(key) is not None:
                 config[key] = d[key]
         return config
@@ -142,6 +166,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             plan=data.validated_data.get("plan"),
             nnodes=data.validated_data["nnodes"],
             created_by=request.user,
+            source_plan=data.validated_data.get("source_plan"),
         )
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 

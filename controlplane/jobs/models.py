@@ -23,6 +23,14 @@ class TrainingJob(LongRunningJob):
         default=dict, help_text="the runtime's JobConfig: model, strategy, training, steps…"
     )
     plan = models.JSONField(null=True, blank=True, help_text="the plan.json it was launched from, if any")
+    source_plan = models.ForeignKey(
+        "planning.Plan",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
+        help_text="the stored plan it was launched from; its measured figures land there when the job succeeds",
+    )
     nnodes = models.PositiveIntegerField(default=1)
     nproc_per_node = models.PositiveIntegerField(default=1)
     attempts = models.PositiveIntegerField(default=0)

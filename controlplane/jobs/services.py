@@ -33,6 +33,34 @@ def publish_after_commit(job: TrainingJob, values: dict) -> None:
     transaction.on_commit(lambda: publish(job.stream, "event", values))
 
 
+def check_fits_this_machine(config: dict, nproc_per_node: int) -> None:
+    """A CPU job must fit in this machine's memory: weights, gradients and Adam's two moments in fp32
+    (16 bytes per parameter, Rajbhandari et al. 2020 §3) per replica, times the ranks of one node."""
+    if config.get("device", "auto") not in {"auto", "cpu"}:
+        return
+    import psutil
+
+    from workers.planner import ModelSpec, SpecError
+
+    try:
+        params = ModelSpec.from_dict(config["model"]).parameter_count()["total"]
+    except SpecError as exc:
+        raise ValidationError({f"model.{k}": v for k, v in exc.errors.items()}) from exc
+    need = params * 16 * nproc_per_node
+    have = psutil.virtual_memory().total
+    if need > 0.8 * have:
+        name = config["model"].get("name", "this model")
+        raise ValidationError(
+            {
+                "model": [
+                    f"{name} has {params / 1e9:.3g} B parameters: training it on {nproc_per_node} CPU rank(s) needs about "
+                    f"{need / 2**30:,.0f} GiB, this machine has {have / 2**30:,.0f} GiB. "
+                    "Launch it on a GPU/NPU cluster, or use a smaller model here."
+                ]
+            }
+        )
+
+
 def job_create(
     *,
     team,
@@ -42,6 +70,7 @@ def job_create(
     nnodes: int = 1,
     created_by=None,
     launch: bool = True,
+    source_plan=None,
 ) -> TrainingJob:
     config = validated_config(config)
     world = 1
@@ -59,6 +88,7 @@ def job_create(
                 ]
             }
         )
+    check_fits_this_machine(config, nproc)
     with transaction.atomic():
         job = TrainingJob.objects.create(
             team=team,
@@ -68,6 +98,7 @@ def job_create(
             nnodes=nnodes,
             nproc_per_node=nproc,
             created_by=created_by,
+            source_plan=source_plan,
         )
         if launch:
             job_launch(job=job)
@@ -198,6 +229,30 @@ def node_finished(
                 k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")
             }
         publish_after_commit(job, values)
+        if job.state == JobState.SUCCEEDED and job.source_plan_id and job.measured:
+            record_measurement(job=job)
+
+
+# the run summary's figures that sit beside a plan's prediction
+MEASURED_KEYS = (
+    "step_time_s",
+    "tokens_per_s",
+    "loss_first",
+    "loss_last",
+    "world_size",
+    "device",
+    "steps",
+    "tokens_per_step",
+    "strategy",
+)
+
+
+def record_measurement(*, job: TrainingJob) -> None:
+    """The knowledge base learns: the measured figures go beside the source plan's prediction."""
+    from controlplane.planning.services import plan_record_measurement
+
+    measured = {k: job.measured[k] for k in MEASURED_KEYS if k in job.measured}
+    plan_record_measurement(plan=job.source_plan, measured=measured, source=f"job/{job.pk}")
 
 
 def reap_orphans(*, now=None) -> list[int]:

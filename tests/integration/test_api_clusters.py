@@ -1,10 +1,9 @@
 import copy
 import json
-from pathlib import Path
 
 from tests.api_mixins import TeamScopedApiTests
+from workers.planner.examples import CONTRACTS
 
-CONTRACTS = Path(__file__).resolve().parents[2].parent / "shared" / "contracts"
 CLUSTER = {
     "name": "a100-80gb-superpod-384n",
     "num_nodes": 384,

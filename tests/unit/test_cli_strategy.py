@@ -1,11 +1,9 @@
 """`cann-train strategy`: output contract, exit codes and messages."""
 
 import json
-from pathlib import Path
 
 from workers.cli import main
-
-CONTRACTS = Path(__file__).resolve().parents[3] / "shared" / "contracts"
+from workers.planner.examples import CONTRACTS  # noqa: E402 - vendored copies of shared/contracts
 
 
 def args(model="model.json", cluster="cluster.json", training="training.json", *extra):

@@ -15,8 +15,8 @@ from workers.planner import (
     evaluate,
     search,
 )
+from workers.planner.examples import CONTRACTS  # noqa: E402 - vendored copies of shared/contracts
 
-CONTRACTS = Path(__file__).resolve().parents[3] / "shared" / "contracts"
 PLAN_KEYS = set(json.loads((CONTRACTS / "plan.json").read_text())["predicted"])
 
 
@@ -63,9 +63,11 @@ def test_partial_strategy_only_varies_the_open_fields(gpt3):
 
 def test_progress_is_reported_a_handful_of_times_and_search_can_be_cancelled(gpt3):
     calls = []
-    search(*gpt3, progress=lambda e, f, best: calls.append((e, f, best)), scaling=False)
+    search(*gpt3, progress=lambda e, f, best, frac: calls.append((e, f, best, frac)), scaling=False)
     assert 1 <= len(calls) <= 20
     assert calls[-1][2] is not None and calls[-1][0] >= calls[0][0]
+    fractions = [c[3] for c in calls]
+    assert fractions == sorted(fractions) and 0 < fractions[0] and fractions[-1] == 1.0
     cancelled = search(*gpt3, should_stop=lambda: True, scaling=False)
     assert cancelled.stats["cancelled"] and cancelled.best is None
 

@@ -16,7 +16,7 @@ from workers.training.metrics import split_comm_compute
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "workers" / "training" / "examples"
-CONTRACTS = Path("/work/shared/contracts")
+from workers.planner.examples import CONTRACTS  # noqa: E402
 
 
 def tiny_model() -> dict:

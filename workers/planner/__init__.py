@@ -6,6 +6,7 @@ Public API (used by the CLI, the Celery tasks and the visualizer)::
     ModelSpec, ClusterSpec, TrainingConfig, Strategy   # .from_dict(d) / .to_dict(); SpecError on bad input
     evaluate(model, cluster, training, strategy) -> Plan          # one complete strategy ("what-if")
     search(model, cluster, training, fixed=None, top_k=10, progress=None, should_stop=None) -> SearchResult
+    # progress(evaluated, feasible, best_plan_dict | None, fraction 0..1)
     NothingFits                                                   # raised only with search(raise_if_empty=True)
 
 ``search`` returns an empty result (``best is None``, ``stats['tightest']`` names the tightest

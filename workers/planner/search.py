@@ -440,7 +440,9 @@ def _scan(
                 scan.best_step = float(vals["step"][i])
                 scan.best_plan = _plans(cm, flat.take([i]), None, fixed.order)[0].to_dict()
         if progress is not None:
-            progress(scan.evaluated, scan.feasible, scan.best_plan)
+            progress(
+                scan.evaluated, scan.feasible, scan.best_plan, min(1.0, (start + len(chunk)) / len(base))
+            )
     return scan
 
 
@@ -546,8 +548,8 @@ def search(
     """Find the fastest layouts that fit.
 
     ``fixed`` pins any subset of strategy fields (None/absent = search it); with every field pinned the
-    result holds exactly that plan ("what-if"). ``progress(evaluated, feasible, best_plan_dict)`` is
-    called once per chunk (a handful of times); ``should_stop()`` is polled between chunks and ends the
+    result holds exactly that plan ("what-if"). ``progress(evaluated, feasible, best_plan_dict, fraction)``
+    is called once per chunk (a handful of times; ``fraction`` of the layout grid scanned, 0..1); ``should_stop()`` is polled between chunks and ends the
     search early with ``stats['cancelled'] = True`` (the result holds what was found so far). When
     nothing fits the result has ``best=None`` and ``stats['tightest']`` names the tightest constraint;
     with ``raise_if_empty=True`` :class:`NothingFits` is raised instead.
@@ -607,7 +609,7 @@ def search(
     stats["pareto_size"] = int(len(pareto_idx))
     stats["seconds"] = round(time.perf_counter() - started, 3)
     if progress is not None:
-        progress(scan.evaluated, scan.feasible, top[0].to_dict())
+        progress(scan.evaluated, scan.feasible, top[0].to_dict(), 1.0)
     return SearchResult(
         best=top[0],
         top=top,

@@ -15,8 +15,13 @@ class Command(BaseCommand):
         parser.add_argument("--url", default="http://127.0.0.1:8000/")
 
     def handle(self, *args, **opts):
+        from controlplane.planning.models import ModelSpec
+        from controlplane.planning.seed import seed_knowledge_base
+
         user, password = demo_setup()
         team = user.teams.first()
+        if not ModelSpec.objects.filter(team=team).exists():
+            seed_knowledge_base(team=team)
         if not TrainingJob.objects.filter(team=team).exists():
             TrainingJob.objects.create(
                 team=team,

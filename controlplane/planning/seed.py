@@ -1,0 +1,112 @@
+"""Fill a team's knowledge base with the shipped examples: hardware profiles, clusters (incl. this
+machine's, from `cann-train calibrate`), models, and the published reference runs as measured plans."""
+
+from __future__ import annotations
+
+import json
+
+from django.db import transaction
+
+from controlplane.clusters.models import Cluster, HardwareProfile
+from controlplane.planning.models import ModelSpec, Plan
+from controlplane.planning.specs import params_billion
+from workers import planner
+from workers.planner.examples import DATA, contract, reference_runs
+from workers.planner.hardware import calibration_dir, load_profiles
+
+
+def local_cpu_cluster() -> tuple[dict, str]:
+    """This machine as a cluster: measured by `cann-train calibrate` when it ran, else the default
+    (unmeasured) cpu profile — the name says which."""
+    measured = calibration_dir() / "cluster-cpu.json"
+    if measured.exists():
+        return json.loads(measured.read_text()), f"measured by cann-train calibrate ({measured})"
+    cpu = load_profiles()["profiles"]["cpu"]
+    doc = {
+        "name": "local-cpu-uncalibrated",
+        "num_nodes": 1,
+        "devices_per_node": cpu["devices_per_node"],
+        "device": {
+            "name": "cpu",
+            "peak_tflops": cpu["peak_tflops"],
+            "memory_GiB": cpu["memory_GiB"],
+            "memory_bandwidth_GBps": cpu["memory_bandwidth_GBps"],
+            "tdp_watts": cpu["tdp_watts"],
+        },
+        "intra_node": {
+            "kind": "gloo-loopback",
+            "bandwidth_GBps": cpu["scale_up_GBps_per_direction"],
+            "latency_us": 50,
+        },
+        "inter_node": {
+            "kind": "gloo-tcp",
+            "bandwidth_GBps": cpu["scale_up_GBps_per_direction"],
+            "latency_us": 50,
+        },
+        "tiers": [],
+    }
+    return doc, "default cpu profile (not measured: run `cann-train calibrate`)"
+
+
+def _upsert(model, team, name: str, **fields):
+    obj, _ = model.objects.update_or_create(team=team, name=name, defaults=fields)
+    return obj
+
+
+@transaction.atomic
+def seed_knowledge_base(*, team) -> dict[str, int]:
+    counts = {"hardware_profiles": 0, "clusters": 0, "models": 0, "measured_plans": 0}
+    for name, profile in load_profiles()["profiles"].items():
+        confidence = profile.get("confidence", "published")
+        if confidence not in HardwareProfile.Confidence.values:  # e.g. "default": an unmeasured placeholder
+            confidence = HardwareProfile.Confidence.SOFT
+        _upsert(HardwareProfile, team, name, confidence=confidence, spec={"name": name, **profile})
+        counts["hardware_profiles"] += 1
+    examples = json.loads((DATA / "example_models.json").read_text())
+    for entry in examples["clusters"]:
+        doc = entry.get("cluster") or contract(entry["contract"])
+        _upsert(Cluster, team, doc["name"], spec=doc)
+        counts["clusters"] += 1
+    cpu_doc, _origin = local_cpu_cluster()
+    _upsert(Cluster, team, cpu_doc["name"], spec=cpu_doc)
+    counts["clusters"] += 1
+    for entry in examples["models"]:
+        doc = entry.get("model") or contract(entry["contract"])
+        _upsert(ModelSpec, team, doc["name"], spec=doc, params_billion=params_billion(doc))
+        counts["models"] += 1
+    for run in reference_runs():
+        counts["measured_plans"] += _seed_reference_run(team, run)
+    return counts
+
+
+def _seed_reference_run(team, run: dict) -> int:
+    """A published run as a measured plan: the planner completes the unpublished fields (vpp, micro-batch)
+    and predicts; the measured figures sit beside the prediction."""
+    if Plan.objects.filter(
+        team=team, source=Plan.Source.MEASURED, measured_source=run["source"], name=run["id"]
+    ).exists():
+        return 0
+    model = planner.ModelSpec.from_dict(run["model"])
+    cluster = planner.ClusterSpec.from_dict(run["cluster"])
+    training = planner.TrainingConfig.from_dict(run["training"])
+    fixed = {k: v for k, v in run["strategy"].items() if v is not None}
+    result = planner.search(model, cluster, training, fixed=fixed, top_k=1, scaling=False)
+    if result.best is None:
+        return 0
+    Plan.objects.create(
+        team=team,
+        name=run["id"],
+        source=Plan.Source.MEASURED,
+        model_doc=run["model"],
+        cluster_doc=run["cluster"],
+        training=run["training"],
+        strategy=result.best.strategy.to_dict(),
+        feasible=True,
+        predicted=result.best.predicted,
+        measured=run["measured"],
+        measured_source=run["source"],
+        device_name=cluster.device.name,
+        device_count=cluster.num_devices,
+        params_billion=model.parameter_count()["total"] / 1e9,
+    )
+    return 1

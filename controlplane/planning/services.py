@@ -1,0 +1,349 @@
+"""Writes of the knowledge base: model specs, searches (create, run, cancel, what-if), plans, and the
+measurements real runs bring back."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+
+from django.db import transaction
+from django.utils import timezone
+from rest_framework.exceptions import ValidationError
+
+from controlplane.clusters.models import Cluster
+from controlplane.common.models import JobState
+from controlplane.live.services import publish
+from controlplane.planning.models import ModelSpec, Plan, StrategySearch
+from controlplane.planning.selectors import plan_document, similar_plans
+from controlplane.planning.specs import checked, params_billion
+from workers import planner
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 0.25  # at most this often a progress event (the planner reports per chunk)
+CANCEL_POLL_S = 0.5
+
+
+def model_spec_fields(document: dict) -> dict:
+    checked("model", document)
+    return {"name": document["name"], "spec": document, "params_billion": params_billion(document)}
+
+
+def _publish_after_commit(search: StrategySearch, kind: str, values: dict) -> None:
+    transaction.on_commit(lambda: publish(search.stream, kind, values))
+
+
+def search_create(
+    *,
+    team,
+    created_by=None,
+    cluster: Cluster | None = None,
+    cluster_doc: dict | None = None,
+    model: ModelSpec | None = None,
+    model_doc: dict | None = None,
+    training: dict,
+    fixed: dict | None = None,
+    top_k: int = 10,
+    parent: StrategySearch | None = None,
+    what_if: dict | None = None,
+    allow_fewer_nodes: bool = False,
+) -> StrategySearch:
+    """Validate the request with the planner, look up similar plans, and queue the search."""
+    from workers.tasks.planning import run_search
+
+    cluster_doc = cluster_doc if cluster_doc is not None else (cluster.spec if cluster else None)
+    model_doc = model_doc if model_doc is not None else (model.spec if model else None)
+    errors = {}
+    if cluster_doc is None:
+        errors["cluster"] = ["give a cluster id or a cluster.json document"]
+    if model_doc is None:
+        errors["model"] = ["give a model id or a model.json document"]
+    if errors:
+        raise ValidationError(errors)
+    cluster_spec = checked("cluster", cluster_doc, "cluster")
+    model_spec = checked("model", model_doc, "model")
+    checked("training", training, "training")
+    if fixed:
+        try:
+            planner.Strategy.from_dict(fixed)
+        except planner.SpecError as exc:
+            raise ValidationError(exc.prefixed("strategy").errors) from exc
+    similar = similar_plans(
+        team=team,
+        device_name=cluster_spec.device.name,
+        device_count=cluster_spec.num_devices,
+        params_billion=model_spec.parameter_count()["total"] / 1e9,
+    )
+    with transaction.atomic():
+        search = StrategySearch.objects.create(
+            team=team,
+            created_by=created_by,
+            cluster=cluster,
+            model_spec=model,
+            request={
+                "cluster": cluster_doc,
+                "model": model_doc,
+                "training": training,
+                "strategy": fixed or {},
+                "top_k": top_k,
+                "allow_fewer_nodes": allow_fewer_nodes,
+            },
+            parent=parent,
+            what_if=what_if,
+            similar_plans=[{**plan_document(p), "reevaluated": None} for p in similar],
+        )
+        _publish_after_commit(search, "event", {"state": "queued"})
+        transaction.on_commit(lambda: run_search.apply_async((search.pk,), queue="planning"))
+    return search
+
+
+def search_what_if(*, search: StrategySearch, lose_nodes: int, created_by=None) -> StrategySearch:
+    """Re-run a search on the cluster minus ``lose_nodes`` nodes."""
+    doc = dict(search.request["cluster"])
+    remaining = int(doc["num_nodes"]) - lose_nodes
+    if lose_nodes < 1 or remaining < 1:
+        raise ValidationError(
+            {
+                "lose_nodes": [
+                    f"must be between 1 and {int(doc['num_nodes']) - 1} (the cluster has {doc['num_nodes']} nodes)"
+                ]
+            }
+        )
+    doc["num_nodes"] = remaining
+    doc["name"] = f"{doc['name']} minus {lose_nodes} node{'s' if lose_nodes > 1 else ''}"
+    return search_create(
+        team=search.team,
+        created_by=created_by,
+        cluster=None,
+        cluster_doc=doc,
+        model=search.model_spec,
+        model_doc=search.request["model"],
+        training=search.request["training"],
+        fixed=search.request.get("strategy"),
+        top_k=search.request.get("top_k", 10),
+        parent=search,
+        what_if={"lose_nodes": lose_nodes},
+        allow_fewer_nodes=True,
+    )
+
+
+def search_cancel(*, search: StrategySearch) -> StrategySearch:
+    with transaction.atomic():
+        search = StrategySearch.objects.select_for_update().get(pk=search.pk)
+        if search.is_finished:
+            raise ValidationError({"state": [f"the search already ended ({search.state})"]})
+        search.cancel_requested = True
+        if search.state == JobState.QUEUED:
+            search.state = JobState.CANCELLED
+            search.finished_at = timezone.now()
+            _publish_after_commit(search, "event", {"state": "cancelled"})
+        search.save()
+    return search
+
+
+def _plan_row(
+    search: StrategySearch,
+    plan: planner.Plan,
+    *,
+    rank: int | None,
+    in_pareto: bool,
+    cluster_spec,
+    params: float,
+) -> Plan:
+    return Plan(
+        team=search.team,
+        source=Plan.Source.SEARCH,
+        search=search,
+        rank=rank,
+        in_pareto=in_pareto,
+        cluster=search.cluster,
+        model_spec=search.model_spec,
+        model_doc=search.request["model"],
+        cluster_doc=search.request["cluster"],
+        training=search.request["training"],
+        strategy=plan.strategy.to_dict(),
+        feasible=plan.feasible,
+        reason=plan.reason,
+        predicted=plan.predicted,
+        device_name=cluster_spec.device.name,
+        device_count=cluster_spec.num_devices,
+        params_billion=params,
+    )
+
+
+def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dict | None:
+    """Warm start: cost each similar stored plan's strategy on this scenario (where its degrees fit this
+    device count). Returns the best of them as a first best-so-far."""
+    best = None
+    updated = []
+    for entry in search.similar_plans:
+        strategy = dict(entry["strategy"])
+        entry = dict(entry)
+        try:
+            plan = planner.evaluate(
+                model, cluster, training, planner.Strategy.from_dict(strategy), scaling=False
+            )
+            entry["reevaluated"] = plan.to_dict()
+            if plan.feasible and (best is None or plan.step_time_s < best["predicted"]["step_time_s"]):
+                best = plan.to_dict()
+        except planner.SpecError as exc:
+            entry["reevaluated"] = None
+            entry["not_applicable"] = str(exc)
+        updated.append(entry)
+    search.similar_plans = updated
+    return best
+
+
+def search_run(search_id: int) -> str:
+    """Run a queued search (inside a Celery worker) and store its plans; never loses a failure."""
+    search = StrategySearch.objects.get(pk=search_id)
+    if search.state != JobState.QUEUED:
+        return "skipped"
+    search.state = JobState.RUNNING
+    search.started_at = timezone.now()
+    search.save(update_fields=["state", "started_at", "updated_at"])
+    publish(search.stream, "event", {"state": "running"})
+    try:
+        return _search_run(search)
+    except Exception as exc:  # noqa: BLE001 - stored for the user, never lost
+        log.exception("search %s failed", search_id)
+        StrategySearch.objects.filter(pk=search_id).update(
+            state=JobState.FAILED,
+            finished_at=timezone.now(),
+            error=traceback.format_exc()[-4000:],
+            human_readable_error=f"The search failed unexpectedly ({type(exc).__name__}: {exc}). The request is kept; retry or report it.",
+        )
+        publish(search.stream, "event", {"state": "failed", "message": str(exc)})
+        return "failed"
+
+
+# how many smaller node counts a what-if tries when the whole shrunken cluster admits no layout
+MAX_FEWER_NODES_TRIES = 128
+
+
+def _search_fewer_nodes(result, model, cluster, training, req, should_stop):
+    """Nothing fits on all nodes (often: the device count has a factor no degree can take, e.g. 7). Use the
+    largest smaller node count that admits a plan, and say so: a real run would leave those nodes idle."""
+    full = cluster.num_nodes
+    for nodes in range(full - 1, max(0, full - MAX_FEWER_NODES_TRIES), -1):
+        smaller = cluster.with_nodes(nodes)
+        attempt = planner.search(
+            model,
+            smaller,
+            training,
+            fixed=req.get("strategy") or None,
+            top_k=req.get("top_k", 10),
+            should_stop=should_stop,
+        )
+        if attempt.best is not None or attempt.stats.get("cancelled"):
+            attempt.stats["nodes_used"] = nodes
+            attempt.stats["note"] = (
+                f"no layout uses all {full} nodes ({result.stats.get('tightest', 'no layout fits')}); "
+                f"the best plan uses {nodes} nodes and leaves {full - nodes} idle"
+            )
+            return attempt, smaller
+    return result, cluster
+
+
+def _search_run(search: StrategySearch) -> str:
+    req = search.request
+    model = planner.ModelSpec.from_dict(req["model"])
+    cluster = planner.ClusterSpec.from_dict(req["cluster"])
+    training = planner.TrainingConfig.from_dict(req["training"])
+    warm = _reevaluate_similar(search, model, cluster, training)
+    similar = search.similar_plans
+    if warm is not None:
+        publish(
+            search.stream,
+            "progress",
+            {"evaluated": 0, "feasible": 0, "fraction": 0.0, "best": warm, "best_from": "similar plan"},
+        )
+    last = {"t": 0.0, "poll": 0.0, "stop": False}
+
+    def progress(evaluated: int, feasible: int, best: dict | None, fraction: float) -> None:
+        now = time.monotonic()
+        if fraction < 1.0 and now - last["t"] < PROGRESS_EVERY_S:
+            return
+        last["t"] = now
+        StrategySearch.objects.filter(pk=search.pk).update(progress=fraction)
+        publish(
+            search.stream,
+            "progress",
+            {"evaluated": evaluated, "feasible": feasible, "fraction": round(fraction, 4), "best": best},
+        )
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if now - last["poll"] >= CANCEL_POLL_S:
+            last["poll"] = now
+            last["stop"] = StrategySearch.objects.filter(pk=search.pk, cancel_requested=True).exists()
+        return last["stop"]
+
+    result = planner.search(
+        model,
+        cluster,
+        training,
+        fixed=req.get("strategy") or None,
+        top_k=req.get("top_k", 10),
+        progress=progress,
+        should_stop=should_stop,
+    )
+    if result.best is None and req.get("allow_fewer_nodes") and not result.stats.get("cancelled"):
+        result, cluster = _search_fewer_nodes(result, model, cluster, training, req, should_stop)
+    params = model.parameter_count()["total"] / 1e9
+    with transaction.atomic():
+        search = StrategySearch.objects.select_for_update().get(pk=search.pk)
+        search.stats = result.stats
+        if cluster.num_nodes != req["cluster"]["num_nodes"]:
+            req = search.request = {**req, "cluster": cluster.to_dict()}
+        search.candidates = result.candidates
+        search.similar_plans = similar  # with each similar plan re-evaluated on this scenario
+        pareto_ids = {id(p) for p in result.pareto}
+        rows, seen = [], set()
+        for rank, plan in enumerate(result.top, start=1):
+            key = tuple(sorted(plan.strategy.to_dict().items()))
+            seen.add(key)
+            rows.append(
+                _plan_row(
+                    search,
+                    plan,
+                    rank=rank,
+                    in_pareto=id(plan) in pareto_ids,
+                    cluster_spec=cluster,
+                    params=params,
+                )
+            )
+        for plan in result.pareto:
+            key = tuple(sorted(plan.strategy.to_dict().items()))
+            if key not in seen:
+                seen.add(key)
+                rows.append(
+                    _plan_row(search, plan, rank=None, in_pareto=True, cluster_spec=cluster, params=params)
+                )
+        Plan.objects.bulk_create(rows)
+        search.finished_at = timezone.now()
+        search.progress = 1.0
+        if result.stats.get("cancelled"):
+            search.state = JobState.CANCELLED
+        elif result.best is None:
+            search.state = JobState.FAILED
+            search.human_readable_error = (
+                f"No layout fits: {result.stats.get('tightest', 'every candidate was rejected')}"
+            )
+        else:
+            search.state = JobState.SUCCEEDED
+        search.save()
+        values = {"state": search.state, "stats": {k: v for k, v in result.stats.items() if k != "rejected"}}
+        if search.human_readable_error:
+            values["message"] = search.human_readable_error
+        _publish_after_commit(search, "event", values)
+    return search.state
+
+
+def plan_record_measurement(*, plan: Plan, measured: dict, source: str) -> Plan:
+    """Put measured figures beside the prediction (from a finished job or a publication)."""
+    plan.measured = measured
+    plan.measured_source = source
+    plan.save(update_fields=["measured", "measured_source", "updated_at"])
+    return plan

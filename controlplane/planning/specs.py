@@ -1,0 +1,33 @@
+"""The planner's own validators at the API edge: one source of truth for what a valid document is."""
+
+from __future__ import annotations
+
+from rest_framework.exceptions import ValidationError
+
+from workers import planner
+
+
+def checked(kind: str, document, prefix: str | None = None):
+    """Parse a contract document with the planner; a SpecError becomes a field-level 400.
+
+    ``kind`` is one of model, cluster, training, strategy. Field paths keep the planner's dotted names
+    (``moe.top_k``), prefixed when the document sits inside a request (``model.moe.top_k``).
+    """
+    cls = {
+        "model": planner.ModelSpec,
+        "cluster": planner.ClusterSpec,
+        "training": planner.TrainingConfig,
+        "strategy": planner.Strategy,
+    }[kind]
+    if not isinstance(document, dict):
+        raise ValidationError({prefix or kind: [f"must be a {kind}.json object"]})
+    try:
+        return cls.from_dict(document)
+    except planner.SpecError as exc:
+        errors = exc.prefixed(prefix).errors if prefix else exc.errors
+        raise ValidationError(errors) from exc
+
+
+def params_billion(model_doc: dict) -> float:
+    """Total parameters (billions) of a model.json, by the planner's own count."""
+    return float(checked("model", model_doc).parameter_count()["total"]) / 1e9
