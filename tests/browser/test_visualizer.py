@@ -6,6 +6,7 @@ page refuses to launch a model this machine cannot run, showing why."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ PICK_POINT = """() => {
   const px = (x, y) => [box.left + xa._offset + xa.l2p(x), box.top + ya._offset + ya.l2p(y)];
   const cands = window.__viz.data.candidates;
   const pts = cands.map((c) => px(c.memory_GiB, c.tokens_per_s));
-  const star = gd.data[2];
+  const star = gd.data.find((t) => t.name === "best plan");
   const [sx, sy] = px(star.x[0], star.y[0]);
   let best = null;
   cands.forEach((c, i) => {
@@ -61,6 +62,20 @@ PICK_POINT = """() => {
   });
   return best;
 }"""
+
+
+# VISUALIZER_SCREENSHOTS=docs/img saves a picture of each view on the way (for docs/visualizer.md)
+SHOTS = os.environ.get("VISUALIZER_SCREENSHOTS")
+
+
+def shoot(page, name, selector=None):
+    if not SHOTS:
+        return
+    Path(SHOTS).mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(400)  # let Plotly finish its transitions
+    target = page.locator(selector).locator("xpath=..") if selector else page
+    kwargs = {} if selector else {"full_page": True}
+    target.screenshot(path=str(Path(SHOTS, f"visualizer-{name}.png")), **kwargs)
 
 
 def log_in(page, base_url, username):
@@ -107,12 +122,16 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     data = page.evaluate("() => window.__viz.data")
     assert len(data["candidates"]) > 100 and data["visuals"]["schedule"]["blocks"]
     assert page.locator("#view-placement table.placement-links tr[data-kind='ep']").count() == 1
+    for v in ("pareto", "memory", "steptime", "schedule", "placement", "diff"):
+        shoot(page, f"{v}-best", f"#view-{v}")
+    shoot(page, "search-page")
 
     # click a point of the Pareto plot with the mouse: views 2-5 redraw for that strategy
     before = {
         v: page.evaluate(TRACE_DATA, f"#view-{v}") for v in ("memory", "steptime", "schedule", "placement")
     }
     best_text = page.get_attribute("#selection", "data-strategy")
+    page.evaluate("() => document.querySelector('#view-pareto').scrollIntoView({block: 'center'})")
     target = page.evaluate(PICK_POINT)
     assert target, "no isolated pipelined candidate to click"
     page.mouse.move(target["x"], target["y"])
@@ -131,6 +150,8 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
         "() => document.querySelector('#view-schedule .js-plotly-plot').layout.yaxis.categoryarray.length"
     )
     assert stages == target["strategy"]["pp"]
+    for v in ("pareto", "schedule", "placement"):
+        shoot(page, f"{v}-selected", f"#view-{v}")
 
     # the plan page of the best plan: its views, and a launch the CPU machine refuses with the reason
     best_id = data["best_plan_id"]
@@ -138,6 +159,7 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     wait_views(page, ["memory", "steptime", "schedule", "placement"])
     page.click("#launch button[type=submit]")
     page.wait_for_selector("#launch .launch-errors li.error", timeout=15_000)
+    shoot(page, "plan-page")
     assert page.url.endswith(f"/planning/plans/{best_id}/")
 
     # what-if: lose a leaf's worth of nodes, land on the child search, compare the best plans
@@ -154,4 +176,6 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     assert "Losing 16 of 128 nodes" in summary, summary
     whatif = json.loads(page.evaluate(TRACE_DATA, "#view-whatif"))
     assert len(whatif) == 2  # before and after
+    shoot(page, "whatif", "#view-whatif")
+    shoot(page, "diff-whatif", "#view-diff")
     assert page.js_errors == []

@@ -155,13 +155,17 @@ export function drawMemory(container, entries, capacity) {
   const maxX = Math.max(cap || 0, ...entries.map((e) => e.memory.total)) * 1.1;
   const shapes = cap ? [{ type: "line", x0: cap, x1: cap, yref: "paper", y0: 0, y1: 1,
                           line: { color: "#cf222e", width: 2, dash: "dash" } }] : [];
-  const annotations = cap ? [{ x: cap, yref: "paper", y: 1.02, text: `device ${num(cap, 0)} GiB`, showarrow: false,
-                               font: { color: "#cf222e" }, xanchor: "right" }] : [];
+  const annotations = cap ? [{ x: cap, yref: "paper", y: 1, yanchor: "bottom", text: `device ${num(cap, 0)} GiB`,
+                               showarrow: false, font: { color: "#cf222e" }, xanchor: "right" }] : [];
+  // the total at the end of each bar
+  entries.forEach((e) => annotations.push({ x: e.memory.total, y: e.label, text: ` ${num(e.memory.total, 1)} GiB`,
+                                            xanchor: "left", showarrow: false, font: { size: 11 } }));
   return draw(container, traces, {
-    barmode: "stack", height: 110 + 46 * entries.length, shapes, annotations,
+    barmode: "stack", height: 200 + 60 * entries.length, shapes, annotations, bargap: 0.35,
     xaxis: { title: { text: "GiB per device (heaviest stage)" }, range: [0, maxX || 1] },
     yaxis: { autorange: "reversed", automargin: true },
-    legend: { orientation: "h", y: -0.45 }, margin: { l: 10, r: 20, t: 28, b: 80 },
+    legend: { orientation: "h", x: 0, y: -0.3, yanchor: "top", traceorder: "normal" },
+    margin: { l: 10, r: 20, t: 26, b: 40 },
   });
 }
 
@@ -181,13 +185,20 @@ export function drawStepTime(container, entries) {
   traces.push({ type: "bar", name: "overlapped (hidden)", x: COMM_KINDS.map(([, n]) => n),
                 y: COMM_KINDS.map(([k]) => sel[k].overlapped), marker: { color: "#f4b6b6" }, xaxis: "x2",
                 yaxis: "y2", legendgroup: "comm", hovertemplate: "%{x} overlapped: %{y:.3f} s<extra></extra>" });
+  const annotations = entries.map((e) => ({ x: e.step.step_time_s, y: e.label, xref: "x", yref: "y",
+    text: ` ${secs(e.step.step_time_s)}`, xanchor: "left", showarrow: false, font: { size: 11 } }));
+  annotations.push({ text: `communication by kind, ${entries[0].label}: exposed vs hidden behind compute`,
+                     xref: "paper", yref: "paper", x: 0, y: 0.42, xanchor: "left", yanchor: "bottom",
+                     showarrow: false, font: { size: 12, color: "#6b7585" } });
+  const longest = Math.max(...entries.map((e) => e.step.step_time_s));
   return draw(container, traces, {
-    barmode: "stack", height: 470,
-    xaxis: { title: { text: "seconds per step" }, anchor: "y", domain: [0, 1] },
-    yaxis: { autorange: "reversed", automargin: true, domain: [0.6, 1] },
+    barmode: "stack", height: 480, annotations, bargap: 0.3,
+    xaxis: { title: { text: "seconds per step" }, anchor: "y", domain: [0, 1], range: [0, longest * 1.18 || 1] },
+    yaxis: { autorange: "reversed", automargin: true, domain: [0.62, 1] },
     xaxis2: { anchor: "y2", domain: [0, 1] },
-    yaxis2: { title: { text: `s per step (${entries[0].label})` }, domain: [0, 0.36] },
-    legend: { orientation: "v", x: 1.02, y: 1 }, margin: { l: 10, r: 10, t: 24, b: 30 },
+    yaxis2: { title: { text: "s per step" }, domain: [0, 0.36] },
+    legend: { orientation: "v", x: 1.02, y: 1, traceorder: "normal", font: { size: 11 } },
+    margin: { l: 10, r: 10, t: 10, b: 30 },
   });
 }
 
@@ -241,13 +252,14 @@ export function drawSchedule(container, sched) {
     (sched.drawn_micro_batches < sched.m ? ` (first ${sched.drawn_micro_batches} drawn)` : "") +
     ` · bubble ${pct(sched.bubble_fraction)} of compute`;
   const p = draw(container, traces, {
-    barmode: "overlay", bargap: 0.25, height: Math.min(560, 130 + 30 * sched.pp),
+    barmode: "overlay", bargap: 0.25, height: Math.min(620, 120 + 28 * sched.pp),
     title: { text: title, font: { size: 13 }, x: 0.01, xanchor: "left" },
     xaxis: { title: { text: "seconds from the start of the step" }, range: [0, makespan * 1.01 || 1] },
     yaxis: { type: "category", categoryorder: "array",
              categoryarray: Array.from({ length: sched.pp }, (_, s) => stageLabel(s)), autorange: "reversed",
              automargin: true },
-    legend: { orientation: "h", y: -0.25 }, margin: { l: 10, r: 20, t: 36, b: 70 },
+    legend: { orientation: "h", x: 1, xanchor: "right", y: 1.0, yanchor: "bottom" },
+    margin: { l: 10, r: 20, t: 40, b: 44 },
   });
   note(container, `${sched.note}. Forward ${secs(sched.t_forward)}, backward ${secs(sched.t_backward)} per ` +
     `micro-batch and stage; pipeline p2p (${secs(sched.pp_p2p_s)} per step) is charged separately.`);
@@ -296,29 +308,31 @@ export function drawPlacement(container, pm) {
                       y: Array.from({ length: dpn }, (_, i) => i), zmin: 0, zmax: PALETTE.length, colorscale,
                       showscale: false, xgap: 1, ygap: 1, text, hoverinfo: "text" }];
     // switch domains: a boundary line every tier.nodes nodes, for each tier smaller than the drawing
+    // switch domains: under the devices, a bracket per switch of each tier (innermost first), and a
+    // dark separator through the devices wherever a switch domain ends
     const shapes = [], annotations = [];
-    (pm.tiers || []).forEach((tier, ti) => {
-      if (tier.nodes >= nodes) return;
+    const tiers = pm.tiers || [];
+    tiers.forEach((tier, ti) => {
       const count = Math.ceil(nodes / tier.nodes);
-      for (let k = 1; k < count; k++) {
-        shapes.push({ type: "line", x0: k * tier.nodes - 0.5, x1: k * tier.nodes - 0.5, y0: -0.5 - 0.6 * ti,
-                      y1: dpn - 0.5 + 0.6 * ti, line: { color: ti ? "#1d2430" : "#6b7585", width: ti ? 3 : 1.5 } });
-      }
-      if (count <= 40) {
-        for (let k = 0; k < count; k++) {
-          annotations.push({ x: k * tier.nodes + (Math.min(nodes, (k + 1) * tier.nodes) - k * tier.nodes) / 2 - 0.5,
-                             y: dpn - 0.5 + 0.5 + 0.7 * ti, text: `${tier.name} ${k}`, showarrow: false,
-                             font: { size: 10, color: "#6b7585" } });
-        }
+      const y = dpn - 0.5 + 0.45 + 0.8 * ti;
+      for (let k = 0; k < count; k++) {
+        const x0 = k * tier.nodes - 0.5, x1 = Math.min(nodes, (k + 1) * tier.nodes) - 0.5;
+        shapes.push({ type: "line", x0: x0 + 0.3, x1: x1 - 0.3, y0: y, y1: y,
+                      line: { color: ti ? "#1d2430" : "#6b7585", width: 2 } });
+        if (count <= 40) annotations.push({ x: (x0 + x1) / 2, y: y + 0.05, yanchor: "top", text: `${tier.name} ${k}`,
+                                            showarrow: false, font: { size: 10, color: "#6b7585" } });
+        if (k > 0 && ti === 0) shapes.push({ type: "line", x0, x1: x0, y0: -0.5, y1: dpn - 0.5,
+                                             line: { color: "#1d2430", width: 2 } });
       }
     });
     const kindName = PLACEMENT_KINDS.find(([k]) => k === kind)[1];
     const p = draw(container, traces, {
-      height: 150 + 24 * dpn + 14 * (pm.tiers || []).length, shapes, annotations,
+      height: 150 + 24 * dpn + 22 * tiers.length, shapes, annotations,
       title: { text: `${kindName}s on ${pm.num_nodes} nodes × ${dpn} devices (order ${pm.order}, innermost first)`,
                font: { size: 13 }, x: 0.01, xanchor: "left" },
       xaxis: { title: { text: "node" }, zeroline: false, showgrid: false },
-      yaxis: { title: { text: "device" }, autorange: "reversed", zeroline: false, showgrid: false, dtick: 1 },
+      yaxis: { title: { text: "device" }, range: [dpn - 0.5 + 0.8 * tiers.length + 0.4, -0.5], zeroline: false,
+               showgrid: false, tickvals: Array.from({ length: dpn }, (_, i) => i) },
       margin: { l: 60, r: 10, t: 52, b: 44 },
     });
     renderLinks();
@@ -376,10 +390,11 @@ export function drawDiffCharts(container, a, b, labels = ["A", "B"]) {
     barmode: "stack", height: 420, shapes,
     xaxis: { title: { text: "memory, GiB per device" }, anchor: "y", domain: [0, 1],
              range: [0, Math.max(cap || 0, ma.total, mb.total) * 1.08 || 1] },
-    yaxis: { domain: [0.62, 1], autorange: "reversed", automargin: true },
+    yaxis: { domain: [0.62, 1], autorange: "reversed" },
     xaxis2: { title: { text: "step time, s" }, anchor: "y2", domain: [0, 1] },
-    yaxis2: { domain: [0, 0.36], autorange: "reversed", automargin: true },
-    legend: { orientation: "v", x: 1.02, y: 1, font: { size: 11 } }, margin: { l: 10, r: 10, t: 20, b: 40 },
+    yaxis2: { domain: [0, 0.36], autorange: "reversed" },
+    legend: { orientation: "v", x: 1.02, y: 1, font: { size: 11 }, traceorder: "normal" },
+    margin: { l: 10 + 6.5 * Math.max(...labels.map((l) => l.length)), r: 10, t: 20, b: 40 },
   });
 }
 
@@ -467,13 +482,22 @@ export function drawPareto(container, data, selectedStrategy, onPick) {
   pick.push(cands.map((c) => c.strategy));
   const pt = (p) => ({ x: p.predicted.memory_GiB_per_device.total, y: p.predicted.tokens_per_s });
   traces.push({
-    type: "scatter", mode: "lines+markers", name: "Pareto front (stored plans)",
+    type: "scatter", mode: "markers", name: "Pareto plans (tokens/s, headroom, comm volume)",
     x: pareto.map((p) => pt(p).x), y: pareto.map((p) => pt(p).y), text: pareto.map((p) => strategyText(p.strategy)),
-    line: { color: "rgba(29,36,48,0.45)", width: 1, shape: "hv" },
     marker: { size: 9, color: "rgba(0,0,0,0)", line: { color: "#1d2430", width: 1.5 } },
     hovertemplate: "Pareto: %{text}<br>%{y:,.0f} tokens/s · %{x:.1f} GiB/device<extra></extra>",
   });
   pick.push(pareto.map((p) => p.strategy));
+  // the throughput-memory frontier of what is drawn: the most tokens/s at or below each memory
+  const frontier = [];
+  [...cands.map((c) => [c.memory_GiB, c.tokens_per_s]), ...pareto.map((p) => [pt(p).x, pt(p).y])]
+    .sort((u, v) => u[0] - v[0])
+    .forEach(([x, y]) => { if (!frontier.length || y > frontier[frontier.length - 1][1]) frontier.push([x, y]); });
+  traces.push({
+    type: "scatter", mode: "lines", name: "best throughput for the memory", x: frontier.map((f) => f[0]),
+    y: frontier.map((f) => f[1]), line: { color: "rgba(199,0,11,0.55)", width: 1.5, shape: "hv" }, hoverinfo: "skip",
+  });
+  pick.push([]);
   traces.push({
     type: "scatter", mode: "markers", name: "best plan", x: best ? [pt(best).x] : [], y: best ? [pt(best).y] : [],
     text: best ? [strategyText(best.strategy)] : [],
@@ -562,6 +586,8 @@ function renderProgress(root, search, live) {
   if (rejected && stats.rejected && done) {
     rejected.textContent = "rejected: " + Object.entries(stats.rejected).map(([r, n]) => `${r}: ${num(n)}`).join("; ");
   }
+  const cancel = document.getElementById("cancel-search");
+  if (cancel && done) cancel.hidden = true;
   root.dataset.ready = "1";
 }
 
