@@ -153,6 +153,24 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     for v in ("pareto", "schedule", "placement"):
         shoot(page, f"{v}-selected", f"#view-{v}")
 
+    # the runner-up from the plan table; its placement coloured by pipeline stage
+    second = next(p for p in data["plans"] if p["rank"] == 2)
+    picked = page.get_attribute("#selection", "data-strategy")
+    page.click("#plan-table tr:nth-child(2) a.pick-plan")
+    page.wait_for_function(
+        "(old) => document.querySelector('#selection').dataset.strategy !== old", arg=picked, timeout=15_000
+    )
+    page.wait_for_function(
+        "(pp) => document.querySelector('#view-schedule .js-plotly-plot').layout.yaxis.categoryarray.length === pp",
+        arg=second["strategy"]["pp"],
+        timeout=10_000,
+    )
+    before_colour = page.evaluate(TRACE_DATA, "#view-placement")
+    page.select_option("#view-placement select.placement-kind", "pp")
+    page.wait_for_function(f"(old) => ({TRACE_DATA})('#view-placement') !== old", arg=before_colour)
+    shoot(page, "schedule-runner-up", "#view-schedule")
+    shoot(page, "placement-runner-up", "#view-placement")
+
     # the plan page of the best plan: its views, and a launch the CPU machine refuses with the reason
     best_id = data["best_plan_id"]
     page.goto(f"{base}/planning/plans/{best_id}/")
