@@ -279,7 +279,15 @@ class JobConfig:
     """Publishes events to Redis stream ``job/<job_id>`` (with ``redis_url``); none = no publishing."""
     redis_url: str | None = None
     comm_hook: str | None = None
-    """Name of a DDP communication hook, looked up in ``workers.training.comm`` (zero_stage 0 only)."""
+    """DDP communication hook, ``name[:key=value,...]`` from ``workers.training.comm.HOOKS`` (zero_stage 0
+    only), e.g. ``"topk_ef:density=0.01"``; registered on the data-parallel group."""
+    bucket_cap_mb: float | None = None
+    """DDP gradient bucket size in MB. ``None``: chosen from ``inter_node_GBps``/``inter_node_latency_us``
+    by ``choose_bucket_cap_mb`` when those are given, else DDP's default (25 MB)."""
+    inter_node_GBps: float | None = None
+    """The job's inter-node bandwidth, GB/s per device per direction (cluster.json units); sizes buckets."""
+    inter_node_latency_us: float = 0.0
+    """The job's inter-node latency in microseconds; sizes buckets."""
     expert_bias_update_rate: float = 1e-3
     """Auxiliary-loss-free balancing step (DeepSeek-V3, Liu et al. 2024, sec. 2.1.2: gamma)."""
     profile_every: int = 0
@@ -339,6 +347,12 @@ class JobConfig:
             raise ConfigError("steps", "must be >= 1")
         if self.comm_hook and s.zero_stage != 0:
             raise ConfigError("comm_hook", "DDP communication hooks apply to zero_stage 0 only")
+        if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:
+            raise ConfigError("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
+        if self.inter_node_GBps is not None and self.inter_node_GBps <= 0:
+            raise ConfigError("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
+        if self.inter_node_latency_us < 0:
+            raise ConfigError("inter_node_latency_us", f"must be >= 0, got {self.inter_node_latency_us}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -358,9 +372,14 @@ class JobConfig:
         kwargs["model"] = ModelConfig.from_dict(d["model"])
         kwargs["strategy"] = ParallelConfig.from_dict(d.get("strategy") or {})
         kwargs["training"] = TrainingSpec.from_dict(d.get("training"))
-        for name in ("lr", "weight_decay", "grad_clip", "expert_bias_update_rate"):
+        for name in ("lr", "weight_decay", "grad_clip", "expert_bias_update_rate", "inter_node_latency_us"):
             if name in kwargs:
                 kwargs[name] = _float(kwargs, name, "config", 0.0)
+        for name in ("bucket_cap_mb", "inter_node_GBps"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = _float(kwargs, name, "config", 0.0)
+        if kwargs.get("comm_hook") is not None:
+            _check_comm_hook(str(kwargs["comm_hook"]))
         for name in ("steps", "seed", "profile_every", "start_step", "warmup_steps"):
             if name in kwargs:
                 kwargs[name] = _int(kwargs, name, "config", minimum=0)
@@ -376,6 +395,23 @@ class JobConfig:
     @classmethod
     def load(cls, path: str | Path) -> JobConfig:
         return cls.from_dict(read_json(path, "config"))
+
+
+COMM_HOOK_NAMES = ("allreduce", "bf16", "fp16", "hierarchical", "powerSGD", "sign_ef", "topk_ef")
+"""The keys of ``workers.training.comm.HOOKS`` (kept here so that validating a config never imports torch;
+a test pins the two together)."""
+
+
+def _check_comm_hook(spec: str) -> None:
+    """``name[:key=value,...]`` with a known name (the hook itself checks the option names when built)."""
+    name, _, rest = spec.partition(":")
+    if name.strip() not in COMM_HOOK_NAMES:
+        raise ConfigError(
+            "comm_hook", f"unknown hook {name.strip()!r}; choose from {', '.join(COMM_HOOK_NAMES)}"
+        )
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        if "=" not in item:
+            raise ConfigError("comm_hook", f"option {item!r} is not key=value")
 
 
 def read_json(path: str | Path, what: str) -> Any:

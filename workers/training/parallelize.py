@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -37,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from workers.training.config import JobConfig, ParallelConfig
-from workers.training.model import GroupedExperts, Transformer
+from workers.training.model import GroupedExperts, Transformer, num_params
 
 
 @dataclass(frozen=True)
@@ -311,17 +312,46 @@ def apply_fsdp(part: Transformer, dp_mesh: DeviceMesh, zero_stage: int, ignored:
     fully_shard(part, ignored_params=ignored or None, **kwargs)
 
 
-def resolve_comm_hook(name: str):
-    """The DDP communication hook called ``name``: ``workers.training.comm.get_hook(name)`` returns
-    ``(hook, state)``. The comm package is a separate component; without it, a named hook is an error."""
+def resolve_bucket_cap_mb(cfg: JobConfig) -> float | None:
+    """DDP's ``bucket_cap_mb``: the job's own value when set; else chosen from the job's inter-node link
+    (``choose_bucket_cap_mb``: latency floor, raised towards 25 MB while >= 4 buckets remain) when the
+    job gives one; else ``None`` (DDP's default)."""
+    if cfg.bucket_cap_mb is not None:
+        return cfg.bucket_cap_mb
+    if cfg.inter_node_GBps is None:
+        return None
+    from workers.training.comm.bucketing import choose_bucket_cap_mb
+
+    s = cfg.strategy
+    grad_MB = 4 * num_params(cfg.model, active=False) / (s.tp * s.pp) / 1e6  # fp32 grads of one part
+    return choose_bucket_cap_mb(
+        cfg.inter_node_GBps, cfg.inter_node_latency_us, world_size=s.dp, grad_MB=grad_MB
+    )
+
+
+def register_ddp_comm_hook(ddp: DistributedDataParallel, spec: str):
+    """Register the DDP communication hook ``spec`` (``"topk_ef:density=0.01"``, see
+    ``workers.training.comm``) on ``ddp``, over ``ddp.process_group`` -- the data-parallel group, not the
+    world -- and return its state (per-step ``comm_stats()``, checkpointable ``state_dict()``).
+
+    ``hierarchical`` needs the node layout: ``ranks_per_node`` in the spec, else torchrun's
+    ``LOCAL_WORLD_SIZE`` (the ranks of one node are consecutive in the data-parallel group when tp = pp
+    = 1, which is the only layout it accepts here)."""
     try:
         comm = importlib.import_module("workers.training.comm")
     except ModuleNotFoundError as exc:
-        raise ValueError(f"comm_hook {name!r} requested but workers.training.comm is not available") from exc
-    get_hook = getattr(comm, "get_hook", None)
-    if get_hook is None:
-        raise ValueError("workers.training.comm has no get_hook(name) registry")
-    return get_hook(name)
+        raise ValueError(f"comm_hook {spec!r} requested but workers.training.comm is not available") from exc
+    name, options = comm.parse_hook_spec(spec)
+    if name == "hierarchical":
+        group_size = dist.get_world_size(ddp.process_group)
+        if group_size != dist.get_world_size():
+            raise ValueError(
+                "comm_hook hierarchical: the data-parallel group must span the world (tp = pp = 1), "
+                f"got dp={group_size} of {dist.get_world_size()} ranks"
+            )
+        if "ranks_per_node" not in options:
+            options["ranks_per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", group_size))
+    return comm.register_comm_hook(ddp, name, options)
 
 
 def apply_ddp(
@@ -330,8 +360,10 @@ def apply_ddp(
     device: torch.device,
     ignored_names: list[str],
     comm_hook: str | None,
-) -> DistributedDataParallel:
-    """Classic DDP (bucketed all-reduce overlapped with backward); the comm-hook seam lives here."""
+    bucket_cap_mb: float | None = None,
+) -> tuple[DistributedDataParallel, object | None]:
+    """Classic DDP (bucketed all-reduce overlapped with backward) with an optional comm hook; returns the
+    DDP module and the hook's state (``None`` without a hook)."""
     if ignored_names:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(part, ignored_names)
     ddp = DistributedDataParallel(
@@ -340,11 +372,10 @@ def apply_ddp(
         device_ids=[device.index] if device.type != "cpu" and device.index is not None else None,
         broadcast_buffers=False,  # buffers (rope tables, expert bias, load counters) are rank-consistent by design
         init_sync=False,  # every rank initialises the same weights from the seed
+        bucket_cap_mb=bucket_cap_mb,  # None: DDP's default (25 MB)
     )
-    if comm_hook:
-        hook, state = resolve_comm_hook(comm_hook)
-        ddp.register_comm_hook(state, hook)
-    return ddp
+    state = register_ddp_comm_hook(ddp, comm_hook) if comm_hook else None
+    return ddp, state
 
 
 def apply_replicate(part: Transformer, dp_mesh: DeviceMesh, ignored: set[nn.Parameter]) -> None:
@@ -382,6 +413,11 @@ class ParallelModel:
     edp_group: dist.ProcessGroup | None = None
     raw_parts: list[Transformer] = field(default_factory=list)
     """The same parts without DDP/checkpoint wrappers (for MoE buffers and state dicts)."""
+    comm_states: list = field(default_factory=list)
+    """One DDP comm-hook state per DDP-wrapped part (empty without ``comm_hook``): per-step
+    ``comm_stats()`` and the error-feedback ``state_dict()`` a checkpoint must keep."""
+    bucket_cap_mb: float | None = None
+    """DDP bucket size in use (``None``: DDP's default, 25 MB)."""
 
     @property
     def has_first_stage(self) -> bool:
@@ -454,7 +490,8 @@ def parallelize(
         stages = pipeline_split(model, coords["pp"], dims.pp, s.vpp)
     else:
         stages = [(0, model)]
-    model_parts, raw_parts, expert_params = [], [], []
+    model_parts, raw_parts, expert_params, comm_states = [], [], [], []
+    bucket_cap_mb = resolve_bucket_cap_mb(cfg)
     for _stage_index, part in stages:
         part.to(device)
         if dims.tp > 1:
@@ -472,7 +509,11 @@ def parallelize(
         if dims.dp > 1 or s.zero_stage > 0:
             if s.zero_stage == 0 and dims.tp == 1:
                 ignored = [n for n, p in part.named_parameters() if is_expert_param(p)]
-                wrapped = apply_ddp(part, mesh["dp"].get_group(), device, ignored, cfg.comm_hook)
+                wrapped, comm_state = apply_ddp(
+                    part, mesh["dp"].get_group(), device, ignored, cfg.comm_hook, bucket_cap_mb
+                )
+                if comm_state is not None:
+                    comm_states.append(comm_state)
             elif s.zero_stage == 0:
                 apply_replicate(part, mesh["dp"], set(part_expert_params))
             else:
@@ -488,6 +529,8 @@ def parallelize(
         expert_params=expert_params,
         edp_group=edp_group,
         raw_parts=raw_parts,
+        comm_states=comm_states,
+        bucket_cap_mb=bucket_cap_mb,
     )
     if dims.pp > 1:
         num_stages = dims.pp * s.vpp

@@ -46,6 +46,9 @@ class StepResult:
     expert_load: list[float] | None = None
     expert_imbalance: float | None = None
     profiled: bool = False
+    comm: dict | None = None
+    """This rank's DDP comm-hook figures of the step (``comm_s_total``, ``comm_s_exposed``, ``comm_bytes``)
+    when a hook is active."""
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:
@@ -181,6 +184,7 @@ class Trainer:
             group["lr"] = lr
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         local_loss = self._forward_backward(inputs, labels)
+        comm = self._comm_figures()
         pm.finish_grads()
 
         # One small all-reduce per step carries everything rank 0 reports and clipping needs:
@@ -213,12 +217,30 @@ class Trainer:
         self._update_expert_bias(global_loads)
         self.step += 1
 
-        result = StepResult(self.step, loss, grad_norm, 0.0, lr)
+        result = StepResult(self.step, loss, grad_norm, 0.0, lr, comm=comm)
         if self.moe_layer_ids:
             share = global_loads / global_loads.sum(dim=1, keepdim=True).clamp(min=1)
             result.expert_load = [round(v, 5) for v in share.mean(0).tolist()]
             result.expert_imbalance = float((share.max(1).values / share.mean(1)).mean())
         return result
+
+    def _comm_figures(self) -> dict | None:
+        """This rank's comm-hook figures of the step just back-propagated, summed over its DDP parts:
+        total and exposed communication seconds (see ``workers.training.comm.stats``) and the gradient
+        bytes this rank put into collectives. Reads counters only: no communication, no sync."""
+        states = self.pm.comm_states
+        if not states:
+            return None
+        out = {"comm_s_total": 0.0, "comm_s_exposed": 0.0, "comm_bytes": 0, "dense_fp32_bytes": 0}
+        for st in states:
+            figures = st.comm_stats()
+            out["comm_s_total"] += figures["comm_s_total"]
+            out["comm_s_exposed"] += figures["comm_s_exposed"]
+            out["comm_bytes"] += int(figures["bytes_sent"])
+            out["dense_fp32_bytes"] += int(figures["dense_fp32_bytes"])
+            if "inter_node_bytes" in figures:
+                out["inter_node_bytes"] = out.get("inter_node_bytes", 0) + int(figures["inter_node_bytes"])
+        return out
 
     def _update_expert_bias(self, global_loads: torch.Tensor) -> None:
         """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i)."""
@@ -313,6 +335,10 @@ class Trainer:
         if r.expert_load is not None:
             values["expert_load"] = r.expert_load
             values["expert_imbalance"] = round(r.expert_imbalance, 4)
+        if r.comm is not None:  # rank 0's own comm-hook figures of this step
+            values["comm_s_total"] = round(r.comm["comm_s_total"], 6)
+            values["comm_s_exposed"] = round(r.comm["comm_s_exposed"], 6)
+            values["comm_bytes"] = r.comm["comm_bytes"]
         return values
 
     def summary(self) -> dict:
@@ -348,6 +374,22 @@ class Trainer:
             out["expert_load"] = h[-1].expert_load
         if isinstance(self.publisher, EventPublisher):
             out["publish_s"] = self.publish_seconds
+        out["bucket_cap_mb"] = self.pm.bucket_cap_mb
+        if self.cfg.comm_hook:
+            out["comm_hook"] = self.cfg.comm_hook
+        measured = [r.comm for r in steady if r.comm is not None]
+        if measured:  # rank 0's comm-hook figures, averaged like the step time
+            for key in (
+                "comm_s_total",
+                "comm_s_exposed",
+                "comm_bytes",
+                "dense_fp32_bytes",
+                "inter_node_bytes",
+            ):
+                if key in measured[-1]:
+                    out[key] = sum(m.get(key, 0) for m in measured) / len(measured)
+            # bytes of the last step: the steady state after any density / PowerSGD warm-up
+            out["comm_bytes_last"] = measured[-1]["comm_bytes"]
         return out
 
     # ---------------------------------------------------------------------------------- checkpoint seam
@@ -355,15 +397,39 @@ class Trainer:
     def state_dict(self) -> dict:
         """Everything a snapshot needs: model parts (sharded where FSDP/TP shard them), optimizer, data
         position, step. ``torch.distributed.checkpoint`` can save it as is."""
-        return {
+        state = {
             "step": self.step,
             "data": self.loader.state_dict(),
             "model": [part.state_dict() for part in self.pm.raw_parts],
             "optimizer": self.optimizer.state_dict(),
         }
+        if self.pm.comm_states:
+            # Error-feedback residuals (and step counters) of the comm hooks: per rank, like the
+            # optimizer state -- each rank keeps what it did not send. One entry per DDP part.
+            state["comm_hook"] = [st.state_dict() for st in self.pm.comm_states]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict` on a trainer built from the same config (resume)."""
+        for part, part_state in zip(self.pm.raw_parts, state["model"], strict=True):
+            part.load_state_dict(part_state)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.loader.load_state_dict(state["data"])
+        self.step = int(state["step"])
+        hook_states = state.get("comm_hook")
+        if hook_states is None and self.pm.comm_states:
+            raise ValueError(
+                "the snapshot has no comm-hook state but this run uses " + str(self.cfg.comm_hook)
+            )
+        for st, hook_state in zip(self.pm.comm_states, hook_states or [], strict=True):
+            st.load_state_dict(hook_state)
 
     def close(self) -> None:
         self.publisher.close()
+        for st in self.pm.comm_states:
+            close = getattr(st, "close", None)
+            if close is not None:
+                close()  # worker threads of powerSGD / hierarchical
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -1,0 +1,175 @@
+"""The comm hooks inside the training runtime, and ``cann-train comm-opt`` end to end.
+
+- the trainer registers the job's hook on the data-parallel group, reports the hook's figures in its
+  ``train`` events, sizes DDP buckets from the job's link, and its ``state_dict()`` carries the
+  error-feedback state: 2 steps + resume from the snapshot + 2 steps == 4 uninterrupted steps, bit for bit;
+- ``comm-opt`` on the emulated network (root + iproute2, else skipped) with a tiny model and a few steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.training.comm import HOOKS, netem
+from workers.training.config import COMM_HOOK_NAMES, ConfigError, JobConfig
+from workers.training.parallelize import resolve_bucket_cap_mb
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
+TINY = json.loads((EXAMPLES / "comm-tiny.json").read_text())
+HOOK = "topk_ef:density=0.05"
+BUCKET_CAP_MB = 0.05  # several buckets for a 0.1M-parameter model
+
+
+def _job(**extra) -> JobConfig:
+    return JobConfig.from_dict(
+        {
+            "model": TINY,
+            "strategy": {"dp": 2, "micro_batch_size": 2},
+            "training": {"global_batch_size": 4},
+            "steps": 4,
+            "device": "cpu",
+            **extra,
+        }
+    )
+
+
+def test_config_knows_every_registered_hook_and_rejects_unknown_ones():
+    assert set(COMM_HOOK_NAMES) == set(HOOKS)
+    assert _job(comm_hook="topk_ef:density=0.01,warmup_steps=5").comm_hook.startswith("topk_ef")
+    with pytest.raises(ConfigError, match="comm_hook"):
+        _job(comm_hook="gzip")
+    with pytest.raises(ConfigError, match="bucket_cap_mb"):
+        _job(bucket_cap_mb=0)
+
+
+def test_bucket_size_comes_from_the_link_unless_given():
+    assert resolve_bucket_cap_mb(_job()) is None  # DDP's default
+    assert resolve_bucket_cap_mb(_job(bucket_cap_mb=3.5)) == 3.5
+    big = {**TINY, "num_layers": 6, "hidden_size": 512, "ffn_hidden_size": 1536, "num_attention_heads": 8}
+    slow = _job(model=big, inter_node_GBps=0.125)  # 1 Gbit/s: 83 MB of grads -> ~4 buckets
+    assert 15 <= resolve_bucket_cap_mb(slow) <= 25
+    far = _job(
+        model=big, inter_node_GBps=12.5, inter_node_latency_us=50
+    )  # latency floor: 2*50us*12.5GB/s/0.1
+    assert resolve_bucket_cap_mb(far) == pytest.approx(12.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _resume_scenario(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from workers.training.trainer import Trainer
+
+    cfg = _job(comm_hook=HOOK, bucket_cap_mb=BUCKET_CAP_MB)
+
+    def steps(trainer, n):
+        return [trainer.train_step(*trainer.loader.next_batch()) for _ in range(n)]
+
+    def params(trainer):
+        return torch.cat([p.detach().reshape(-1) for p in trainer.pm.parameters()])
+
+    res = {}
+    full = Trainer(cfg, rank=rank, world_size=2)
+    results = steps(full, 4)
+    res["full"] = params(full)
+    res["values"] = full._train_values(results[-1], 0.0)
+    ddp = full.pm.parts[0]
+    res["bucket_bytes_cap"] = ddp.bucket_bytes_cap
+    res["hook_on_dp_group"] = full.pm.comm_states[0].process_group is ddp.process_group
+
+    first = Trainer(cfg, rank=rank, world_size=2)
+    steps(first, 2)
+    buffer = io.BytesIO()
+    torch.save(first.state_dict(), buffer)  # as a checkpoint would
+    snapshot = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    res["residuals"] = snapshot["comm_hook"][0]["residuals"]
+    res["hook_step"] = snapshot["comm_hook"][0]["step"]
+
+    resumed = Trainer(cfg, rank=rank, world_size=2)
+    resumed.load_state_dict(snapshot)
+    steps(resumed, 2)
+    res["resumed"] = params(resumed)
+
+    fresh_hook = Trainer(cfg, rank=rank, world_size=2)  # same snapshot, error feedback dropped
+    fresh_hook.load_state_dict({**snapshot, "comm_hook": [{"step": 2, "residuals": {}}]})
+    steps(fresh_hook, 2)
+    res["without_residuals"] = params(fresh_hook)
+    for t in (full, first, resumed, fresh_hook):
+        for st in t.pm.comm_states:
+            getattr(st, "close", lambda: None)()
+    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    full.close()
+
+
+@pytest.fixture(scope="module")
+def resume_run(tmp_path_factory):
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("resume")
+    mp.spawn(_resume_scenario, args=(_free_port(), str(out)), nprocs=2, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_hook_state_round_trips_through_the_trainer_state_dict(resume_run):
+    for r in resume_run:
+        assert r["hook_step"] == 2
+        assert r["residuals"] and sum(float(v.norm()) for v in r["residuals"].values()) > 0
+        assert torch.equal(r["resumed"], r["full"])  # bit for bit
+        assert not torch.equal(r["without_residuals"], r["full"])  # the residuals matter
+    assert torch.equal(resume_run[0]["full"], resume_run[1]["full"])
+
+
+def test_trainer_registers_the_hook_on_the_dp_group_with_the_jobs_bucket_size(resume_run):
+    r = resume_run[0]
+    assert r["hook_on_dp_group"]
+    assert r["bucket_bytes_cap"] == int(BUCKET_CAP_MB * 1024 * 1024)
+
+
+def test_train_events_carry_the_hooks_comm_figures(resume_run):
+    values = resume_run[0]["values"]
+    assert values["comm_s_total"] > 0 and 0 <= values["comm_s_exposed"] <= values["comm_s_total"] + 1e-3
+    dense_bytes = 4 * resume_run[0]["full"].numel()  # the fp32 gradient of the model
+    assert 0 < values["comm_bytes"] < dense_bytes / 5  # 5 % density, 6 bytes per entry
+
+
+@pytest.mark.skipif(bool(netem.unavailable_reason()), reason=netem.unavailable_reason() or "ok")
+def test_comm_opt_compares_methods_on_the_emulated_network():
+    from workers.cli import main
+
+    before = set(netem.list_namespaces())
+    out = io.StringIO()
+    argv = ["comm-opt", "--model", str(EXAMPLES / "comm-tiny.json"), "--steps", "3"]
+    with contextlib.redirect_stdout(out):
+        rc = main([*argv, "--methods", "dense,topk_ef", "--timeout", "120", "--json"])
+    assert rc == 0
+    doc = json.loads(out.getvalue())
+    dense, topk = doc["methods"]["dense"], doc["methods"]["topk_ef"]
+    for row in (dense, topk):
+        for key in (
+            "bytes_per_rank_per_step",
+            "comm_s_total",
+            "comm_s_exposed",
+            "step_time_s",
+            "tokens_per_s",
+        ):
+            assert row[key] > 0, key
+        assert 0 < row["loss_last"] < 6
+    assert dense["bytes_per_rank_per_step"] == 4 * doc["model"]["params"]
+    assert topk["bytes_reduction_vs_dense"] > 50
+    assert doc["network"]["nodes"] == 2 and doc["network"]["measured_goodput_gbit"] > 0.5
+    assert set(netem.list_namespaces()) <= before  # nothing left behind
