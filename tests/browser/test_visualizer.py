@@ -109,6 +109,7 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     assert status == 201, search
     log_in(page, base, "alice")
     page.goto(f"{base}/planning/searches/{search['id']}/")
+    opened_as = page.get_attribute("#search-progress", "data-state")
 
     # the progress bar runs to the end (live events, or the API poll when the search beat the page)
     page.wait_for_selector("#search-progress[data-state='succeeded'][data-fraction='1']", timeout=45_000)
@@ -116,6 +117,10 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     assert "layouts evaluated" in page.inner_text("#search-progress .progress-text")
 
     wait_views(page, VIEWS)
+    seen = page.evaluate("() => window.__viz.progress")  # fractions of the progress events received
+    if opened_as in ("queued", "running"):
+        # the page watched the search: live progress events (replayed from seq 0 if it was quick)
+        assert seen and seen[-1] == 1 and seen == sorted(seen), seen
     for table in ("plan-table", "similar-plans"):
         page.wait_for_selector(f"#{table}[data-ready='1']", timeout=5_000)
     assert page.locator("#plan-table tbody tr").count() >= 10
@@ -180,10 +185,10 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     shoot(page, "plan-page")
     assert page.url.endswith(f"/planning/plans/{best_id}/")
 
-    # what-if: lose a leaf's worth of nodes, land on the child search, compare the best plans
+    # what-if: lose half the pod, land on the child search, compare the best plans
     page.goto(f"{base}/planning/searches/{search['id']}/")
     wait_views(page, ["whatif"])
-    page.fill("#view-whatif input[name=lose_nodes]", "16")
+    page.fill("#view-whatif input[name=lose_nodes]", "64")
     page.click("#view-whatif button[type=submit]")
     page.wait_for_url(
         lambda url: "/planning/searches/" in url and f"/{search['id']}/" not in url, timeout=15_000
@@ -191,9 +196,15 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     page.wait_for_selector("#search-progress[data-state='succeeded']", timeout=45_000)
     wait_views(page, ["whatif", "diff"])
     summary = page.inner_text("#view-whatif .what-if-summary")
-    assert "Losing 16 of 128 nodes" in summary, summary
+    assert "Losing 64 of 128 nodes" in summary, summary
     whatif = json.loads(page.evaluate(TRACE_DATA, "#view-whatif"))
     assert len(whatif) == 2  # before and after
     shoot(page, "whatif", "#view-whatif")
     shoot(page, "diff-whatif", "#view-diff")
+
+    # the full diff page of the two best plans
+    page.click("#view-diff a.diff-link")
+    page.wait_for_url(lambda url: "/planning/plans/diff/?a=" in url)
+    wait_views(page, ["diff"])
+    assert page.locator("#diff-table tr.differs[data-field='predicted.tokens_per_s']").count() == 1
     assert page.js_errors == []
