@@ -903,6 +903,7 @@ export function initPlanPage() {
     drawPlacement(document.getElementById("view-placement"), v.placement);
   }
   renderMeasured(document.getElementById("view-measured"), plan);
+  renderJobs(document.getElementById("plan-jobs"), data);
   bindLaunch(document.getElementById("launch"), data);
   window.__viz = { data };
 }
@@ -935,6 +936,17 @@ function renderMeasured(container, plan) {
       marker: { color: "#4c78a8" }, text: withBoth.map((r) => num(r.mv, r.d)),
       hovertemplate: "measured %{text} (%{y:.0f}% of predicted)<extra>%{x}</extra>" },
   ], { barmode: "group", height: 320, yaxis: { title: { text: "% of predicted" } }, legend: { orientation: "h", y: -0.3 } });
+}
+
+function renderJobs(root, data) {
+  if (!root) return;
+  const jobs = data.jobs || [];
+  const page = (data.urls && data.urls.job_page) || "/jobs/{id}/";
+  root.replaceChildren(jobs.length
+    ? h("ul", { class: "plan-jobs" }, jobs.map((j) => h("li", {},
+        h("a", { href: page.replace("{id}", j.id) }, `job #${j.id}`), " ", h("span", { class: `state ${j.state}` }, j.state),
+        j.measured && j.measured.tokens_per_s != null ? ` · measured ${num(j.measured.tokens_per_s)} tokens/s` : "")))
+    : h("p", { class: "muted" }, "No job has run this plan yet."));
 }
 
 function bindLaunch(form, data) {
