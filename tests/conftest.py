@@ -80,7 +80,7 @@ class Stack:
 def start_stack(
     *, redis_url: str, database_url: str, name: str, worker_queues: str = "default,planning,training"
 ) -> Stack:
-    from controlplane.stack import free_port
+    from controlplane.stack import free_port, worker_command
 
     port = free_port()
     run_dir = Path(os.environ["CANN_TRAIN_VAR_DIR"]) / f"stack-{name}-{os.getpid()}"
@@ -97,26 +97,13 @@ def start_stack(
     py = sys.executable
     commands = {
         "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
-        "worker": [
-            py,
-            "-m",
-            "celery",
-            "-A",
-            "workers.celery",
-            "worker",
-            "-Q",
-            worker_queues,
-            "-P",
-            "threads",
-            "-c",
-            "4",
-            "-n",
-            f"{name}-{os.getpid()}@%h",
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            "INFO",
-        ],
+        "worker": worker_command(
+            queues=worker_queues,
+            concurrency=4,
+            name=f"{name}-{os.getpid()}@%h",
+            pool="threads",
+            quick_start=True,
+        ),
         "relay": [py, "manage.py", "relay"],
     }
     stack = Stack(

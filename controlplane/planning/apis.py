@@ -15,8 +15,7 @@ from controlplane.common.api import TeamField, TeamOwnedSerializer, TeamScopedVi
 from controlplane.common.documents import DocumentSerializer
 from controlplane.planning import services
 from controlplane.planning.models import ModelSpec, Plan, StrategySearch
-from controlplane.planning.specs import checked, params_billion
-from workers import planner
+from controlplane.planning.specs import checked, evaluated, params_billion
 
 
 class ModelSpecSerializer(DocumentSerializer):
@@ -207,13 +206,7 @@ class PlanSerializer(TeamOwnedSerializer):
         model = checked("model", attrs.get("model_doc"), "model")
         cluster = checked("cluster", attrs.get("cluster_doc"), "cluster")
         training = checked("training", attrs.get("training") or {}, "training")
-        try:
-            strategy = planner.Strategy.from_dict(attrs.get("strategy"), partial=False)
-            plan = planner.evaluate(model, cluster, training, strategy)
-        except planner.SpecError as exc:
-            raise serializers.ValidationError(
-                {k if k.startswith("strategy") else f"strategy.{k}": v for k, v in exc.errors.items()}
-            ) from exc
+        plan = evaluated(model, cluster, training, attrs.get("strategy"))
         if attrs.get("source", Plan.Source.IMPORTED) == Plan.Source.SEARCH:
             raise serializers.ValidationError({"source": ["imported plans are 'imported' or 'measured'"]})
         attrs.setdefault("source", Plan.Source.IMPORTED)
@@ -279,23 +272,14 @@ class EvaluateApi(APIView):
         d = data.validated_data
         model, cluster = checked("model", d["model"], "model"), checked("cluster", d["cluster"], "cluster")
         training = checked("training", d["training"], "training")
-        try:
-            plan = planner.evaluate(
-                model, cluster, training, planner.Strategy.from_dict(d["strategy"], partial=False)
-            )
-        except planner.SpecError as exc:
-            raise serializers.ValidationError(
-                {k if k.startswith("strategy") else f"strategy.{k}": v for k, v in exc.errors.items()}
-            ) from exc
+        plan = evaluated(model, cluster, training, d["strategy"])
         return Response({"plan": plan.to_dict(), "visuals": plan_visuals_or_none(d, plan.to_dict())})
 
 
 def plan_visuals_or_none(documents: dict, plan: dict) -> dict | None:
     """The visualizer's breakdowns (pipeline schedule, placement, memory, step time) for a plan."""
-    try:
-        from workers.planner.visual import plan_visuals
-    except ImportError:  # the visual helpers are optional for the API
-        return None
+    from workers.planner.visual import plan_visuals
+
     if not plan.get("feasible", True) and not plan.get("predicted"):
         return None
     return plan_visuals(documents["model"], documents["cluster"], documents["training"], plan)

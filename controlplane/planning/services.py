@@ -222,20 +222,13 @@ def search_run(search_id: int) -> str:
 MAX_FEWER_NODES_TRIES = 128
 
 
-def _search_fewer_nodes(result, model, cluster, training, req, should_stop):
+def _search_fewer_nodes(result, cluster, run):
     """Nothing fits on all nodes (often: the device count has a factor no degree can take, e.g. 7). Use the
     largest smaller node count that admits a plan, and say so: a real run would leave those nodes idle."""
     full = cluster.num_nodes
     for nodes in range(full - 1, max(0, full - MAX_FEWER_NODES_TRIES), -1):
         smaller = cluster.with_nodes(nodes)
-        attempt = planner.search(
-            model,
-            smaller,
-            training,
-            fixed=req.get("strategy") or None,
-            top_k=req.get("top_k", 10),
-            should_stop=should_stop,
-        )
+        attempt = run(smaller)
         if attempt.best is not None or attempt.stats.get("cancelled"):
             attempt.stats["nodes_used"] = nodes
             attempt.stats["note"] = (
@@ -280,17 +273,20 @@ def _search_run(search: StrategySearch) -> str:
             last["stop"] = StrategySearch.objects.filter(pk=search.pk, cancel_requested=True).exists()
         return last["stop"]
 
-    result = planner.search(
-        model,
-        cluster,
-        training,
-        fixed=req.get("strategy") or None,
-        top_k=req.get("top_k", 10),
-        progress=progress,
-        should_stop=should_stop,
-    )
+    def run(on_cluster, **extra):
+        return planner.search(
+            model,
+            on_cluster,
+            training,
+            fixed=req.get("strategy") or None,
+            top_k=req.get("top_k", 10),
+            should_stop=should_stop,
+            **extra,
+        )
+
+    result = run(cluster, progress=progress)
     if result.best is None and req.get("allow_fewer_nodes") and not result.stats.get("cancelled"):
-        result, cluster = _search_fewer_nodes(result, model, cluster, training, req, should_stop)
+        result, cluster = _search_fewer_nodes(result, cluster, run)
     params = model.parameter_count()["total"] / 1e9
     with transaction.atomic():
         search = StrategySearch.objects.select_for_update().get(pk=search.pk)

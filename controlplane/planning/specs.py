@@ -31,3 +31,15 @@ def checked(kind: str, document, prefix: str | None = None):
 def params_billion(model_doc: dict) -> float:
     """Total parameters (billions) of a model.json, by the planner's own count."""
     return float(checked("model", model_doc).parameter_count()["total"]) / 1e9
+
+
+def evaluated(model, cluster, training, strategy_doc) -> planner.Plan:
+    """Cost one complete strategy with the planner; a broken rule is a 400 on ``strategy.<field>``."""
+    try:
+        return planner.evaluate(
+            model, cluster, training, planner.Strategy.from_dict(strategy_doc, partial=False)
+        )
+    except planner.SpecError as exc:
+        raise ValidationError(
+            {k if k.startswith("strategy") else f"strategy.{k}": v for k, v in exc.errors.items()}
+        ) from exc

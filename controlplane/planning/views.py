@@ -80,6 +80,16 @@ def search_detail(request, pk: int):
         "best_plan_id": best.pk if best else None,
         "similar_plans": search.similar_plans,
         "parent_best": plan_document(parent_best) if parent_best else None,
+        "what_ifs": [
+            {
+                "id": child.pk,
+                "url": f"/planning/searches/{child.pk}/",
+                "lose_nodes": (child.what_if or {}).get("lose_nodes"),
+                "state": child.state,
+                "best": plan_document(child.best_plan) if child.best_plan else None,
+            }
+            for child in search.what_ifs.order_by("created_at")
+        ],
         "visuals": plan_visuals_or_none(req, best.to_contract()) if best else None,
         "urls": {
             "evaluate": "/api/plans/evaluate/",

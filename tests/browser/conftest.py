@@ -21,8 +21,10 @@ ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """One Chromium per test module: Playwright's sync API runs an event loop in this thread while it is
+    open, which would break the asyncio tests of later modules if it stayed open for the session."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("Debian's chromium is not installed (make test installs it when run as root)")
     from playwright.sync_api import sync_playwright

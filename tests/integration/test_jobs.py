@@ -205,28 +205,19 @@ def test_two_workers_as_two_nodes_run_one_job(live_stack, alice_client):
     """One Celery worker per "node" (own node queue), one torchrun agent each, one c10d rendezvous."""
     import subprocess
 
+    from controlplane.stack import worker_command
+
     root = Path(__file__).resolve().parents[2]
     workers = []
     for name in ("node-a", "node-b"):
         env = {**live_stack.env, "CANN_TRAIN_NODE": name}
-        cmd = [
-            live_stack.procs["worker"].args[0],
-            "-m",
-            "celery",
-            "-A",
-            "workers.celery",
-            "worker",
-            "-Q",
-            f"node.{name}",
-            "-P",
-            "threads",
-            "-c",
-            "2",
-            "-n",
-            f"{name}-{os.getpid()}@%h",
-            "--without-mingle",
-            "--without-gossip",
-        ]
+        cmd = worker_command(
+            queues=f"node.{name}",
+            concurrency=2,
+            name=f"{name}-{os.getpid()}@%h",
+            pool="threads",
+            quick_start=True,
+        )
         log = Path(live_stack.logs["worker"]).with_name(f"{name}.log")
         workers.append(
             subprocess.Popen(

@@ -20,7 +20,7 @@ from controlplane.accounts.services import demo_setup
 user, _ = demo_setup()
 c = APIClient(); c.force_authenticate(user)
 doc = {"name": "pg", "num_nodes": 2, "devices_per_node": 8,
-       "device": {"name": "x", "peak_tflops": {"bf16": 100}, "memory_GiB": 80},
+       "device": {"name": "x", "peak_tflops": {"bf16": 100}, "memory_GiB": 80, "memory_bandwidth_GBps": 2000},
        "intra_node": {"kind": "nvlink", "bandwidth_GBps": 300, "latency_us": 3},
        "inter_node": {"kind": "ib", "bandwidth_GBps": 25, "latency_us": 5}}
 r = c.post("/api/clusters/", doc, format="json"); assert r.status_code == 201, r.content
