@@ -251,12 +251,6 @@ def test_dp_tier_and_oversubscription_follow_the_cost_model():
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="costmodel.timing costs the dp x cp group at stride min(stride dp, stride cp) even when cp = 1 "
-    "sits apart from dp in the order (tp-cp-ep-pp-dp): it charges a leaf where the DP groups cross the "
-    "spine; the placement map shows both (tier vs actual_tier)",
-)
 def test_cost_model_dp_tier_matches_the_actual_groups_when_cp_is_not_next_to_dp():
     c = cluster(4, 2, tiers=[("leaf", 2), ("spine", 4)], oversubscription=2.0)
     links = placement_map(c, strategy(tp=2, dp=2, pp=2, order="tp-cp-ep-pp-dp"))["links"]

@@ -154,6 +154,18 @@ def group_strides(layouts: Layouts, order: str) -> dict[str, np.ndarray]:
     return stride
 
 
+def gradient_group_stride(layouts: Layouts, strides: dict[str, np.ndarray], order: str) -> np.ndarray:
+    """Stride of the gradient (dp x cp) group. With cp = 1 it is the dp group itself (and vice versa);
+    when both are > 1 the block is contiguous only if cp and dp are adjacent in the order (stride of the
+    inner one); otherwise its members spread at the outer one's stride (conservative: the wider span)."""
+    dense = [p for p in order.split("-") if p != "ep"]
+    adjacent = abs(dense.index("cp") - dense.index("dp")) == 1
+    both = np.where(
+        adjacent, np.minimum(strides["dp"], strides["cp"]), np.maximum(strides["dp"], strides["cp"])
+    )
+    return np.where(layouts.cp == 1, strides["dp"], np.where(layouts.dp == 1, strides["cp"], both))
+
+
 def group_links(cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride: np.ndarray) -> GroupLinks:
     """Links crossed by groups of ``size`` ranks spaced ``stride`` apart, ranks filling nodes in order."""
     n = cluster.devices_per_node
@@ -505,7 +517,7 @@ class CostModel:
         links = {
             "tp": group_links(self.cluster, eff, L.tp, strides["tp"]),
             "cp": group_links(self.cluster, eff, L.cp, strides["cp"]),
-            "dp": group_links(self.cluster, eff, L.dp * L.cp, np.minimum(strides["dp"], strides["cp"])),
+            "dp": group_links(self.cluster, eff, L.dp * L.cp, gradient_group_stride(L, strides, self.order)),
             "ep": group_links(self.cluster, eff, L.ep, strides["ep"]),
             "edp": group_links(self.cluster, eff, (L.dp * L.cp) // L.ep, strides["edp"]),
             "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .costmodel import Layouts, group_links, group_strides
+from .costmodel import Layouts, gradient_group_stride, group_links, group_strides
 from .hardware import efficiency_for
 from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
 
@@ -266,7 +266,9 @@ def placement_map(
             )
         ]
     )
-    strides = {k: int(v[0]) for k, v in group_strides(one, s.order).items()}
+    layout_strides = group_strides(one, s.order)
+    strides = {k: int(v[0]) for k, v in layout_strides.items()}
+    gradient_stride = int(gradient_group_stride(one, layout_strides, s.order)[0])
 
     rank = np.arange(n_dev, dtype=np.int64)
     coord = {k: (rank // strides[k]) % degrees[k] for k in ("tp", "cp", "dp", "pp")}
@@ -301,7 +303,7 @@ def placement_map(
     size_stride = {
         "tp": (degrees["tp"], strides["tp"]),
         "cp": (degrees["cp"], strides["cp"]),
-        "dp": (dpcp, min(strides["dp"], strides["cp"])),
+        "dp": (dpcp, gradient_stride),
         "ep": (ep, strides["ep"]),
         "edp": (dpcp // ep, strides["edp"]),
         "pp": (degrees["pp"], strides["pp"]),
