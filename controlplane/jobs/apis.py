@@ -10,7 +10,8 @@ from rest_framework.response import Response
 from controlplane.accounts.selectors import scoped
 from controlplane.common.api import TeamField, TeamOwnedSerializer
 from controlplane.jobs import services
-from controlplane.jobs.models import JobNode, TrainingJob
+from controlplane.jobs.comm import COMM_DEFAULT_METHODS, comparison_create
+from controlplane.jobs.models import CommComparison, JobNode, TrainingJob
 from controlplane.live.selectors import stored_events
 
 
@@ -141,6 +142,37 @@ class JobCreateSerializer(serializers.Serializer):
         return config
 
 
+class CommCompareSerializer(serializers.Serializer):
+    methods = serializers.ListField(
+        child=serializers.CharField(),
+        default=list(COMM_DEFAULT_METHODS),
+        help_text="dense, fp16, bf16, powersgd, topk_ef, sign_ef, hierarchical, hierarchical_topk",
+    )
+    steps = serializers.IntegerField(min_value=2, max_value=2000, default=20)
+    nodes = serializers.IntegerField(min_value=2, max_value=4, default=2)
+    ranks_per_node = serializers.IntegerField(min_value=1, max_value=4, default=2)
+    inter_node_gbit = serializers.FloatField(min_value=0.01, max_value=100, default=1.0)
+
+
+class CommComparisonSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CommComparison
+        fields = [
+            "id",
+            "job",
+            "plan",
+            "state",
+            "progress",
+            "request",
+            "result",
+            "human_readable_error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
 class EventsQuery(serializers.Serializer):
     after_seq = serializers.IntegerField(min_value=0, default=0)
 
@@ -198,6 +230,24 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         )
         result = probe.apply_async((job.stream, message), queue="default", ignore_result=True)
         return Response({"task_id": result.id, "stream": job.stream}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=CommCompareSerializer,
+        responses={201: CommComparisonSerializer, 200: CommComparisonSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get", "post"], url_path="comm-compare")
+    def comm_compare(self, request, pk=None):
+        """Compare communication methods for this job's model on the emulated two-tier network (POST), or
+        list the comparisons run so far (GET)."""
+        job = self.get_object()
+        if request.method == "GET":
+            return Response(
+                CommComparisonSerializer(job.comm_comparisons.order_by("-created_at"), many=True).data
+            )
+        data = CommCompareSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        comparison = comparison_create(job=job, created_by=request.user, **data.validated_data)
+        return Response(CommComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(parameters=[EventsQuery])
     @action(detail=True, methods=["get"])

@@ -76,3 +76,26 @@ class JobNode(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt} node {self.node_rank} ({self.state})"
+
+
+class CommComparison(LongRunningJob):
+    """ "Compare communication methods" for a job's model: each method trains it on the emulated two-tier
+    network (``workers.training.comm.compare``); the result is kept with the job and its plan."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="comm_comparisons")
+    plan = models.ForeignKey(
+        "planning.Plan", null=True, blank=True, on_delete=models.SET_NULL, related_name="comm_comparisons"
+    )
+    request = models.JSONField(
+        default=dict, help_text="methods, steps, nodes, ranks_per_node, inter_node_gbit"
+    )
+    result = models.JSONField(
+        null=True, blank=True, help_text="network, model, setup, methods{name: figures}"
+    )
+
+    def __str__(self) -> str:
+        return f"comm comparison {self.pk} of job {self.job_id} ({self.state})"
+
+    @property
+    def stream(self) -> str:  # progress goes to the job's own stream
+        return self.job.stream

@@ -149,3 +149,18 @@ def launch_examples() -> dict:
         elif "global_batch_size" in spec:
             training = spec
     return {"models": models, "strategies": strategies, "training": training}
+
+
+def comm_comparisons(job) -> list[dict]:
+    """The job's communication-method comparisons, newest first, for its page."""
+    return [
+        {
+            "id": c.pk,
+            "state": c.state,
+            "request": c.request,
+            "result": c.result,
+            "error": c.human_readable_error,
+            "created_at": c.created_at.isoformat(),
+        }
+        for c in job.comm_comparisons.order_by("-created_at")[:5]
+    ]

@@ -8,6 +8,7 @@ from django.shortcuts import render
 
 from controlplane.accounts.selectors import teams_of
 from controlplane.jobs import selectors
+from controlplane.jobs.comm import COMM_DEFAULT_METHODS, COMM_METHODS
 from controlplane.jobs.forms import CompareForm
 
 
@@ -48,6 +49,14 @@ def job_detail(request, pk: int):
                 "history": history,
                 "history_complete": len(history) < selectors.HISTORY_PAGE,
                 "api": f"/api/jobs/{job.pk}/",
+            },
+            "comm_methods": COMM_METHODS,
+            "comm_default": COMM_DEFAULT_METHODS,
+            "comm_page": {
+                "api": f"/api/jobs/{job.pk}/comm-compare/",
+                "stream": job.stream,
+                "last_seq": history[-1]["seq"] if history else 0,
+                "comparisons": selectors.comm_comparisons(job),
             },
         },
     )

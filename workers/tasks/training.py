@@ -23,3 +23,10 @@ def run_node(job_id: int, attempt: int, node_rank: int) -> str:
     from controlplane.jobs.supervisor import run_node as supervise
 
     return supervise(job_id, attempt, node_rank)
+
+
+@shared_task(name="workers.tasks.training.compare_comm", acks_late=True, reject_on_worker_lost=True)
+def compare_comm(comparison_id: int) -> str:
+    from controlplane.jobs.comm import comparison_run
+
+    return comparison_run(comparison_id)
