@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 from django.db.models import Max, QuerySet
 
@@ -13,8 +12,9 @@ from controlplane.accounts.selectors import scoped
 from controlplane.jobs.models import TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
+from workers.training import examples
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
+EXAMPLES_DIR = examples.DIR
 # events rendered into the detail page; the page pages on through the events API when there are more
 HISTORY_PAGE = 5000
 # jobs one compare chart overlays

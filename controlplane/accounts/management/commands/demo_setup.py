@@ -6,10 +6,15 @@ from django.core.management.base import BaseCommand
 
 from controlplane.accounts.services import demo_setup
 from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.services import job_create
+from workers.training.examples import example
 
 
 class Command(BaseCommand):
-    help = "Create the demo team, user and a demo job (idempotent). Prints the credentials when created."
+    help = (
+        "Create the demo team and user, load the example knowledge base and launch a tiny demo training job "
+        "(idempotent). Prints the credentials when created."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--url", default="http://127.0.0.1:8000/")
@@ -23,11 +28,20 @@ class Command(BaseCommand):
         if not ModelSpec.objects.filter(team=team).exists():
             seed_knowledge_base(team=team)
         if not TrainingJob.objects.filter(team=team).exists():
-            TrainingJob.objects.create(
+            # a real run: a tiny GPT on 2 CPU ranks (data parallel), queued now, trained by the worker that
+            # `make run` starts next; the dashboard's live panel and the job page follow it
+            job_create(
                 team=team,
-                name="demo",
+                name="demo: tiny GPT on 2 CPU ranks",
                 created_by=user,
-                config={"about": "a demo job whose live stream the dashboard follows; send it a live probe"},
+                config={
+                    "model": example("tiny-dense.json"),
+                    "strategy": example("dp2.json"),
+                    "training": example("training.json"),
+                    "steps": 100,
+                    "device": "cpu",
+                    "profile_every": 25,
+                },
             )
         creds = settings.VAR_DIR / "demo_credentials.json"
         if password:
