@@ -958,9 +958,10 @@ function bindLaunch(form, data) {
     button.disabled = true;
     out.replaceChildren(h("li", { class: "muted" }, "launching…"));
     const fd = new FormData(form);
-    const body = { name: fd.get("name") || data.plan.name || `plan ${data.plan.id}`, model: data.model,
-                   plan: { strategy: data.plan.strategy, predicted: data.plan.predicted }, training: data.training,
-                   steps: Number(fd.get("steps") || 20) };
+    // plan_id: the job takes the stored plan's strategy, model and training config, and its measured
+    // figures come back to this plan when it succeeds; profile_every gives the compute/comm split
+    const body = { name: fd.get("name") || data.plan.name || `plan ${data.plan.id}`, plan_id: data.plan.id,
+                   steps: Number(fd.get("steps") || 20), profile_every: 5 };
     const r = await postJSON(data.urls.launch, body);
     if (r.status === 201 && r.body && r.body.id != null) { location.assign(`/jobs/${r.body.id}/`); return; }
     button.disabled = false;

@@ -1,0 +1,86 @@
+"""From a plan page: Launch → the job page shows a 2-rank CPU run live with predicted vs measured step
+time → the finished job's figures land beside the plan's prediction in the knowledge base."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import PASSWORD
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
+
+TINY = {
+    "name": "tiny-dense",
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 128,
+    "vocab_size": 256,
+    "seq_length": 32,
+    "activation": "swiglu",
+    "moe": None,
+}
+STRATEGY = {
+    "tp": 1,
+    "pp": 1,
+    "dp": 2,
+    "ep": 1,
+    "cp": 1,
+    "vpp": 1,
+    "micro_batch_size": 2,
+    "recompute": "none",
+    "zero_stage": 0,
+    "sequence_parallel": False,
+}
+
+
+def test_launch_from_a_plan_page_trains_live_and_the_plan_learns(live_stack, page, make_member):
+    from rest_framework.test import APIClient
+
+    from controlplane.planning.models import Plan
+    from controlplane.planning.seed import local_cpu_cluster
+
+    alice = make_member("alice", "Team A")
+    api = APIClient()
+    api.force_authenticate(alice)
+    cpu, _ = local_cpu_cluster()
+    r = api.post(
+        "/api/plans/",
+        {
+            "name": "tiny on this machine",
+            "model": TINY,
+            "cluster": {**cpu, "num_nodes": 1, "devices_per_node": 2},
+            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"},
+            "strategy": STRATEGY,
+        },
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    plan_id = r.json()["id"]
+    predicted = r.json()["predicted"]["step_time_s"]
+
+    page.goto(live_stack.base_url + f"/login/?next=/planning/plans/{plan_id}/")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"**/planning/plans/{plan_id}/")
+    page.wait_for_selector("#view-memory[data-ready='1']", timeout=20000)
+    page.fill("#launch input[name=steps]", "12")
+    page.click("#launch button[type=submit]")
+    page.wait_for_url("**/jobs/*/", timeout=20000)
+    job_id = int(page.url.rstrip("/").split("/")[-1])
+
+    # predicted beside measured on the job page, the measured one filling in live
+    page.wait_for_selector("#job-state[data-state=succeeded]", timeout=180000)
+    assert page.inner_text("#predicted-step-time") != "—"
+    assert page.inner_text("#measured-step-time") != "—"
+    points = page.evaluate("document.querySelector('#chart-loss').data[0].x.length")
+    assert points == 12
+
+    plan = Plan.objects.get(pk=plan_id)
+    assert plan.measured["step_time_s"] > 0 and plan.measured_source == f"job/{job_id}"
+    assert plan.predicted["step_time_s"] == predicted
+    page.goto(live_stack.base_url + f"/planning/plans/{plan_id}/")
+    page.wait_for_selector("#view-measured[data-ready='1']", timeout=20000)
+    assert page.js_errors == []
