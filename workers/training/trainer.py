@@ -359,6 +359,7 @@ class Trainer:
             "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": round(self.tokens_per_step / step_time, 2),
             "step_time_s": round(step_time, 6),
+            "step_times_s": [round(r.step_time_s, 6) for r in h],
             "loss_first": h[0].loss,
             "loss_last": h[-1].loss,
             "losses": [r.loss for r in h],
