@@ -91,6 +91,12 @@ class JobCreateSerializer(serializers.Serializer):
     )
     device = serializers.ChoiceField(choices=["auto", "cpu", "cuda", "npu"], default="auto")
     nnodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    bucket_cap_mb = serializers.FloatField(
+        min_value=0.01,
+        max_value=4096,
+        required=False,
+        help_text="DDP gradient bucket size; default: chosen from the plan's inter-node link",
+    )
 
     def validate(self, attrs):
         if "plan_id" in attrs:
@@ -136,9 +142,15 @@ class JobCreateSerializer(serializers.Serializer):
             "steps": d["steps"],
             "device": d["device"],
         }
-        for key in ("lr", "seed", "comm_hook", "profile_every"):
+        for key in ("lr", "seed", "comm_hook", "profile_every", "bucket_cap_mb"):
             if d.get(key) is not None:
                 config[key] = d[key]
+        if stored := d.get("source_plan"):
+            # the planned cluster's inter-node link sizes the DDP gradient buckets (choose_bucket_cap_mb)
+            link = (stored.cluster_doc or {}).get("inter_node") or {}
+            if link.get("bandwidth_GBps"):
+                config["inter_node_GBps"] = link["bandwidth_GBps"]
+                config["inter_node_latency_us"] = link.get("latency_us", 0.0)
         return config
 
 

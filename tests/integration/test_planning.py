@@ -319,6 +319,8 @@ def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
     assert job.state == "succeeded", job.log_tail[-2000:]
     plan = Plan.objects.get(pk=plan_id)
     assert job.source_plan_id == plan_id, job.source_plan_id
+    # the planned cluster's link sizes the gradient buckets
+    assert job.config["inter_node_GBps"] == cpu_cluster["inter_node"]["bandwidth_GBps"]
     assert plan.measured["step_time_s"] == job.measured["step_time_s"] > 0
     assert plan.measured_source == f"job/{job.pk}"
     assert client.get(f"/api/plans/{plan_id}/").json()["measured"]["tokens_per_s"] > 0
