@@ -1,0 +1,49 @@
+"""`cann-train calibrate` measures this machine and writes a profile + cluster the planner accepts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "name": "tiny",
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 128,
+    "vocab_size": 256,
+    "seq_length": 32,
+    "activation": "swiglu",
+    "moe": None,
+}
+
+
+def test_calibrate_writes_a_measured_profile_the_planner_uses(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "calibrate", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    profile = json.loads((tmp_path / "cpu.json").read_text())
+    assert profile["confidence"] == "measured"
+    assert profile["peak_tflops"]["fp32"] > 0 and profile["memory_bandwidth_GBps"] > 0
+    link = profile["measured"]["allreduce"]
+    assert link["bus_bandwidth_GBps"] > 0 and link["latency_us"] > 0
+    assert all("measured by `cann-train calibrate`" in profile["sources"][k] for k in ("peak_tflops.fp32",))
+    cluster = ClusterSpec.from_dict(json.loads((tmp_path / "cluster-cpu.json").read_text()))
+    result = search(
+        ModelSpec.from_dict(TINY),
+        cluster,
+        TrainingConfig.from_dict({"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}),
+    )
+    assert result.best is not None and result.best.predicted["step_time_s"] > 0
