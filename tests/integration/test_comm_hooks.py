@@ -98,6 +98,17 @@ def _scenarios(rank: int, world: int, port: int, out_dir: str) -> None:
         "topk_ef", {"density": 0.01, "warmup_steps": 3, "start_density": 0.9}, stats=stats
     )
     res["topk_warmup_bytes"] = [s["bytes_sent"] for s in stats]
+    dgc = {"density": 0.05, "momentum": 0.9, "clip_norm": 0.5, "warmup": "exponential", "warmup_steps": 3}
+    dgc["start_density"] = 0.25
+    res["topk_dgc"], st, _ = _train("topk_ef", dgc)
+    res["topk_dgc_momentum_norm"] = st.momentum_buffers.norm()
+    res["topk_dgc_ref"], _, _ = _train("topk_ef", dgc, steps=4)
+    _, st, model = _train("topk_ef", dgc, steps=2)
+    sd = st.state_dict()
+    res["topk_dgc_ckpt_keys"] = sorted(sd)
+    res["topk_dgc_resumed"], _, _ = _train(
+        "topk_ef", dgc, steps=2, start_step=2, model_state=model.state_dict(), hook_state=sd
+    )
     stats = []
     res["sign"], _, _ = _train("sign_ef", {"chunk": 256}, stats=stats)
     res["sign_stats"] = stats
@@ -189,6 +200,7 @@ def test_every_hook_keeps_replicas_identical(ranks):
         "topk_dense_equiv",
         "topk_1pct",
         "topk_warmup",
+        "topk_dgc",
         "sign",
         "fp16",
         "bf16",
@@ -248,6 +260,44 @@ def test_linear_density_schedule():
     ramp = [linear_density(s, target=0.1, start=0.9, warmup_steps=4) for s in range(6)]
     assert ramp == pytest.approx([0.9, 0.7, 0.5, 0.3, 0.1, 0.1])
     assert linear_density(0, target=0.01) == 0.01
+
+
+def test_exponential_density_schedule():
+    from workers.training.comm.compression import exponential_density
+
+    ramp = [exponential_density(s, target=0.01, start=0.25, warmup_steps=4) for s in range(6)]
+    assert ramp[0] == pytest.approx(0.25) and ramp[4:] == [0.01, 0.01]
+    assert all(a / b == pytest.approx(25**0.25) for a, b in zip(ramp[:4], ramp[1:5], strict=True))
+
+
+def test_dgc_options_are_checked():
+    from workers.training.comm.compression import TopKState
+
+    class _Group:  # only dist.get_world_size is asked of the group
+        pass
+
+    import torch.distributed as dist
+
+    orig = dist.get_world_size
+    dist.get_world_size = lambda group=None: 4
+    try:
+        for bad in ({"warmup": "cubic"}, {"momentum": 1.0}, {"clip_norm": -1}):
+            with pytest.raises(ValueError):
+                TopKState(_Group(), bad)
+        st = TopKState(_Group(), {"momentum": 0.9, "momentum_masking": "false"})
+        assert st.momentum_buffers is not None and st.momentum_masking is False
+        assert TopKState(_Group(), {}).momentum_buffers is None  # defaults: no DGC momentum
+    finally:
+        dist.get_world_size = orig
+
+
+def test_dgc_momentum_and_clipping_checkpoint_and_resume_exactly(ranks):
+    assert ranks[0]["topk_dgc_momentum_norm"] > 0
+    assert ranks[0]["topk_dgc_ckpt_keys"] == ["momentum", "residuals", "step"]
+    assert not torch.equal(_same_on_all_ranks(ranks, "topk_dgc"), _same_on_all_ranks(ranks, "topk_1pct"))
+    assert torch.equal(
+        _same_on_all_ranks(ranks, "topk_dgc_resumed"), _same_on_all_ranks(ranks, "topk_dgc_ref")
+    )
 
 
 def test_sign_sends_one_bit_per_element_plus_a_scale_per_chunk(ranks):

@@ -95,9 +95,9 @@ def register_comm_hook(ddp_model, name: str, options: dict | None = None, *, pro
     (query ``state.comm_stats()`` after each backward, checkpoint ``state.state_dict()``)."""
     group = process_group if process_group is not None else getattr(ddp_model, "process_group", None)
     state, hook = build_hook(name, group, options, mesh)
-    residuals = getattr(state, "residuals", None)
-    if isinstance(residuals, compression.ResidualStore):
-        residuals.bind_parameter_names(ddp_model.module)
+    for store in (getattr(state, "residuals", None), getattr(state, "momentum_buffers", None)):
+        if isinstance(store, compression.ResidualStore):
+            store.bind_parameter_names(ddp_model.module)
     ddp_model.register_comm_hook(state, hook)
     return state
 

@@ -44,6 +44,17 @@ def linear_density(step: int, *, target: float, start: float = 1.0, warmup_steps
     return start + (target - start) * step / warmup_steps
 
 
+def exponential_density(step: int, *, target: float, start: float = 0.25, warmup_steps: int = 0) -> float:
+    """DGC's warm-up (Lin et al. 2018, sec. 3.3: density 25% -> 6.25% -> 1.5625% -> ... per epoch):
+    geometric from ``start`` to ``target`` over ``warmup_steps`` steps, then ``target``."""
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target
+    return start * (target / start) ** (step / warmup_steps)
+
+
+WARMUP_SCHEDULES = {"linear": linear_density, "exponential": exponential_density}
+
+
 @dataclass
 class _BucketResidual:
     keys: tuple[str, ...]
@@ -125,11 +136,16 @@ class CompressionState:
         return self.stats.comm_stats()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "residuals": self.residuals.state_dict()}
+        out = {"step": self.step, "residuals": self.residuals.state_dict()}
+        if getattr(self, "momentum_buffers", None) is not None:
+            out["momentum"] = self.momentum_buffers.state_dict()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.residuals.load_state_dict(state["residuals"])
+        if getattr(self, "momentum_buffers", None) is not None:
+            self.momentum_buffers.load_state_dict(state.get("momentum", {}))
 
     def _scale_in_place(self, buf: torch.Tensor) -> float:
         """Plain DDP divides the bucket by W before summing. For W a power of two, x * (1/W) == x / W
@@ -160,10 +176,21 @@ def _check_bucket(buf: torch.Tensor, hook: str) -> None:
         )
 
 
+def _bool(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
 class TopKState(CompressionState):
     """State of ``topk_ef``. Options: ``density`` (target, default 0.01), ``warmup_steps`` (0),
-    ``start_density`` (1.0 = dense), ``value_dtype`` (``fp16``|``bf16``|``fp32``), ``dense_fallback``
-    (True: all-reduce densely when that puts fewer bytes on the wire)."""
+    ``start_density`` (1.0 = dense), ``warmup`` (``linear``|``exponential``: DGC's schedule),
+    ``value_dtype`` (``fp16``|``bf16``|``fp32``), ``dense_fallback`` (True: all-reduce densely when that
+    puts fewer bytes on the wire), and Deep Gradient Compression's (Lin et al. 2018, sec. 3.2)
+    ``momentum`` (0 = off: momentum correction, accumulate ``u = m*u + g`` locally and sparsify the
+    accumulated velocity instead of the gradient), ``momentum_masking`` (True: zero ``u`` where sent) and
+    ``clip_norm`` (0 = off: local gradient clipping of each parameter's local gradient to
+    ``clip_norm * W**-0.5`` before it enters the residual)."""
 
     def __init__(self, process_group, options: dict | None = None) -> None:
         super().__init__(process_group)
@@ -171,16 +198,25 @@ class TopKState(CompressionState):
         self.density = float(opts.pop("density", 0.01))
         self.start_density = float(opts.pop("start_density", 1.0))
         self.warmup_steps = int(opts.pop("warmup_steps", 0))
+        self.warmup = str(opts.pop("warmup", "linear"))
         self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
-        self.dense_fallback = bool(opts.pop("dense_fallback", True))
+        self.dense_fallback = _bool(opts.pop("dense_fallback", True))
+        self.momentum = float(opts.pop("momentum", 0.0))
+        self.momentum_masking = _bool(opts.pop("momentum_masking", True))
+        self.clip_norm = float(opts.pop("clip_norm", 0.0))
         if opts:
             raise ValueError(f"topk_ef: unknown options {sorted(opts)}")
         for d in (self.density, self.start_density):
             if not 0.0 < d <= 1.0:
                 raise ValueError(f"topk_ef: densities must be in (0, 1], got {d}")
+        if self.warmup not in WARMUP_SCHEDULES:
+            raise ValueError(f"topk_ef: warmup must be one of {sorted(WARMUP_SCHEDULES)}")
+        if not 0.0 <= self.momentum < 1.0 or self.clip_norm < 0:
+            raise ValueError("topk_ef: momentum must be in [0, 1) and clip_norm >= 0")
+        self.momentum_buffers = ResidualStore() if self.momentum > 0 else None
 
     def current_density(self) -> float:
-        return linear_density(
+        return WARMUP_SCHEDULES[self.warmup](
             self.step, target=self.density, start=self.start_density, warmup_steps=self.warmup_steps
         )
 
@@ -211,6 +247,7 @@ def topk_ef_hook(state: TopKState, bucket):
     k = sum(ks)
     entry_bytes = 4 + torch.finfo(state.value_dtype).bits // 8
     residual = state.residuals.for_bucket(bucket)
+    velocity = state.momentum_buffers.for_bucket(bucket) if state.momentum_buffers is not None else None
     dense = state.dense_fallback and k * entry_bytes * w >= 8 * n  # all-gather wire >= ring all-reduce wire
 
     if dense:
@@ -218,12 +255,18 @@ def topk_ef_hook(state: TopKState, bucket):
         wire = ring_all_reduce_wire_bytes(payload, w)
 
         def launch():
+            if state.clip_norm > 0 or velocity is not None:
+                _dgc_local(state, buf, segments, velocity)
+                if velocity is not None and state.momentum_masking:
+                    velocity.zero_()  # everything is sent: mask all of it
             return state._dense_all_reduce(bucket, residual)
     else:
         payload = k * entry_bytes
         wire = all_gather_wire_bytes(payload, w)
 
         def launch():
+            if state.clip_norm > 0 or velocity is not None:
+                _dgc_local(state, buf, segments, velocity)
             scale = state._scale_in_place(buf)
             idx_parts, val_parts = [], []
             for (offset, size), k_param in zip(segments, ks, strict=True):
@@ -234,6 +277,8 @@ def topk_ef_hook(state: TopKState, bucket):
                     value_dtype=state.value_dtype,
                     scale=scale,
                 )
+                if velocity is not None and state.momentum_masking:  # DGC momentum factor masking
+                    velocity[offset : offset + size].index_fill_(0, idx.long(), 0.0)
                 idx_parts.append(idx.add_(offset))
                 val_parts.append(vals)
             idx, vals = torch.cat(idx_parts), torch.cat(val_parts)
@@ -252,6 +297,22 @@ def topk_ef_hook(state: TopKState, bucket):
     fut = timed(state.stats, bucket, launch, bytes_sent=payload, wire_bytes=wire, dense_bytes=4 * n)
     state._end_of_bucket(bucket)
     return fut
+
+
+def _dgc_local(state: TopKState, buf: torch.Tensor, segments, velocity: torch.Tensor | None) -> None:
+    """DGC's local steps on this rank's gradient, in place in the bucket (Lin et al. 2018): local gradient
+    clipping per parameter to ``clip_norm / sqrt(W)`` (sec. 3.3), then momentum correction (sec. 3.2):
+    ``u = m*u + g`` and ``u`` is what enters the error-feedback residual and gets sparsified."""
+    if state.clip_norm > 0:
+        limit = state.clip_norm / state.world_size**0.5
+        for offset, size in segments:
+            piece = buf[offset : offset + size]
+            norm = float(torch.linalg.vector_norm(piece))
+            if norm > limit:
+                piece.mul_(limit / (norm + 1e-6))
+    if velocity is not None:
+        velocity.mul_(state.momentum).add_(buf)
+        buf.copy_(velocity)
 
 
 class SignState(CompressionState):
