@@ -16,7 +16,9 @@ import tempfile
 import uuid
 from pathlib import Path
 
-EXAMPLES = Path(__file__).parent / "examples"
+from workers.training import examples
+
+EXAMPLES = examples.DIR
 
 
 def register(subparsers) -> None:

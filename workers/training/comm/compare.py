@@ -23,9 +23,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers.training import examples
 from workers.training.comm import netem
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = examples.DIR
 DEFAULT_MODEL = EXAMPLES / "comm-20m.json"
 DEFAULT_METHODS = ("dense", "fp16", "powersgd", "topk_ef", "sign_ef", "hierarchical", "hierarchical_topk")
 
