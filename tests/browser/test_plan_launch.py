@@ -6,33 +6,12 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import PASSWORD
+from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
 
-TINY = {
-    "name": "tiny-dense",
-    "num_layers": 4,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_kv_heads": 2,
-    "ffn_hidden_size": 128,
-    "vocab_size": 256,
-    "seq_length": 32,
-    "activation": "swiglu",
-    "moe": None,
-}
-STRATEGY = {
-    "tp": 1,
-    "pp": 1,
-    "dp": 2,
-    "ep": 1,
-    "cp": 1,
-    "vpp": 1,
-    "micro_batch_size": 2,
-    "recompute": "none",
-    "zero_stage": 0,
-    "sequence_parallel": False,
-}
+TINY = example("tiny-dense.json")
+STRATEGY = example("dp2.json")
 
 
 def test_launch_from_a_plan_page_trains_live_and_the_plan_learns(live_stack, page, make_member):

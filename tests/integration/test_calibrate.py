@@ -9,21 +9,11 @@ import sys
 import pytest
 
 from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search
+from workers.training.examples import example
 
 pytestmark = pytest.mark.slow
 
-TINY = {
-    "name": "tiny",
-    "num_layers": 4,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_kv_heads": 2,
-    "ffn_hidden_size": 128,
-    "vocab_size": 256,
-    "seq_length": 32,
-    "activation": "swiglu",
-    "moe": None,
-}
+TINY = example("tiny-dense.json")
 
 
 def test_calibrate_writes_a_measured_profile_the_planner_uses(tmp_path):

@@ -10,33 +10,12 @@ from rest_framework.test import APIClient
 
 from controlplane.jobs.comm import COMM_METHODS
 from workers.training.comm import netem
+from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-STRATEGY = {
-    "tp": 1,
-    "pp": 1,
-    "dp": 2,
-    "ep": 1,
-    "cp": 1,
-    "vpp": 1,
-    "micro_batch_size": 2,
-    "recompute": "none",
-    "zero_stage": 0,
-    "sequence_parallel": False,
-}
-TINY = {
-    "name": "tiny-dense",
-    "num_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_kv_heads": 2,
-    "ffn_hidden_size": 128,
-    "vocab_size": 256,
-    "seq_length": 32,
-    "activation": "swiglu",
-    "moe": None,
-}
+STRATEGY = example("dp2.json")
+TINY = example("tiny-dense.json")
 
 
 def test_the_page_lists_the_same_methods_as_the_engine():

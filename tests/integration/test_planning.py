@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from tests.api_mixins import TeamScopedApiTests
 from workers.planner.examples import contract
+from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -262,18 +263,7 @@ def test_search_input_errors_name_the_field(client, make_member):
     assert r.status_code == 400 and "cluster" in r.json()
 
 
-TINY = {
-    "name": "tiny-dense",
-    "num_layers": 4,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_kv_heads": 2,
-    "ffn_hidden_size": 128,
-    "vocab_size": 256,
-    "seq_length": 32,
-    "activation": "swiglu",
-    "moe": None,
-}
+TINY = example("tiny-dense.json")
 
 
 @pytest.mark.slow
@@ -284,18 +274,7 @@ def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
 
     cpu_cluster, _ = local_cpu_cluster()
     cpu_cluster = {**cpu_cluster, "num_nodes": 1, "devices_per_node": 2}
-    strategy = {
-        "tp": 1,
-        "pp": 1,
-        "dp": 2,
-        "ep": 1,
-        "cp": 1,
-        "vpp": 1,
-        "micro_batch_size": 2,
-        "recompute": "none",
-        "zero_stage": 0,
-        "sequence_parallel": False,
-    }
+    strategy = example("dp2.json")
     r = client.post(
         "/api/plans/",
         {
