@@ -124,8 +124,3 @@ def read_since(redis_client, stream: str, last_seq: int = 0, count: int | None =
 def stream_of_key(key: bytes | str) -> str:
     key = key.decode() if isinstance(key, bytes) else key
     return key[len(KEY_PREFIX) :]
-
-
-def last_seq(redis_client, stream: str) -> int:
-    value = redis_client.get(seq_key(validate_stream(stream)))
-    return int(value) if value else 0

@@ -35,6 +35,16 @@ def exception_handler(exc, context):
     return drf_exception_handler(exc, context)
 
 
+def only_team_of(user) -> Team:
+    """The team an object goes to when the request names none: the user's only team, else a 400."""
+    teams = list(teams_of(user)[:2])
+    if len(teams) != 1:
+        raise serializers.ValidationError(
+            {"team": ["You belong to several teams (or none): say which team owns this object."]}
+        )
+    return teams[0]
+
+
 class TeamField(serializers.SlugRelatedField):
     """The owning team, by slug. Optional when the user belongs to exactly one team."""
 
@@ -57,12 +67,7 @@ class TeamOwnedSerializer(serializers.ModelSerializer):
     def validate(self, attrs):
         attrs = super().validate(attrs)
         if self.instance is None and "team" not in attrs:
-            teams = list(teams_of(self.context["request"].user)[:2])
-            if len(teams) != 1:
-                raise serializers.ValidationError(
-                    {"team": ["You belong to several teams (or none): say which team owns this object."]}
-                )
-            attrs["team"] = teams[0]
+            attrs["team"] = only_team_of(self.context["request"].user)
         return attrs
 
 
@@ -71,7 +76,3 @@ class TeamScopedViewSet(viewsets.ModelViewSet):
 
     def get_queryset(self):
         return scoped(super().get_queryset(), self.request.user)
-
-
-def user_teams(user) -> list[Team]:
-    return list(teams_of(user))

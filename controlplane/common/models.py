@@ -56,9 +56,3 @@ class LongRunningJob(TeamOwned):
     @property
     def is_finished(self) -> bool:
         return self.state in self.TERMINAL_STATES
-
-    @property
-    def duration_s(self) -> float | None:
-        if self.started_at and self.finished_at:
-            return (self.finished_at - self.started_at).total_seconds()
-        return None

@@ -8,7 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.accounts.selectors import scoped
-from controlplane.common.api import TeamField, TeamOwnedSerializer
+from controlplane.common.api import TeamField, TeamOwnedSerializer, only_team_of
 from controlplane.jobs import services
 from controlplane.jobs.comm import COMM_DEFAULT_METHODS, comparison_create
 from controlplane.jobs.models import CommComparison, JobNode, TrainingJob
@@ -125,12 +125,7 @@ class JobCreateSerializer(serializers.Serializer):
         if plan is None and "strategy" not in attrs:
             raise serializers.ValidationError({"strategy": ["give a strategy, or a plan that holds one"]})
         if "team" not in attrs:
-            teams = list(self.context["request"].user.teams.all()[:2])
-            if len(teams) != 1:
-                raise serializers.ValidationError(
-                    {"team": ["You belong to several teams (or none): say which one."]}
-                )
-            attrs["team"] = teams[0]
+            attrs["team"] = only_team_of(self.context["request"].user)
         return attrs
 
     def job_config(self) -> dict:

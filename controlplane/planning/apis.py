@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -11,11 +10,11 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import scoped
 from controlplane.clusters.models import Cluster
-from controlplane.common.api import TeamField, TeamOwnedSerializer, TeamScopedViewSet
+from controlplane.common.api import TeamField, TeamOwnedSerializer, TeamScopedViewSet, only_team_of
 from controlplane.common.documents import DocumentSerializer
 from controlplane.planning import services
 from controlplane.planning.models import ModelSpec, Plan, StrategySearch
-from controlplane.planning.specs import checked, evaluated, params_billion
+from controlplane.planning.specs import checked, evaluated, params_billion, plan_row_fields
 
 
 class ModelSpecSerializer(DocumentSerializer):
@@ -91,15 +90,7 @@ class SearchCreateSerializer(serializers.Serializer):
                 raise serializers.ValidationError({"model": ["no such model among your teams'"]})
         if "team" not in attrs:
             owner = attrs.get("cluster") or attrs.get("model")
-            teams = list(user.teams.all()[:2])
-            if owner is not None:
-                attrs["team"] = owner.team
-            elif len(teams) == 1:
-                attrs["team"] = teams[0]
-            else:
-                raise serializers.ValidationError(
-                    {"team": ["You belong to several teams (or none): say which one."]}
-                )
+            attrs["team"] = owner.team if owner is not None else only_team_of(user)
         return attrs
 
 
@@ -211,15 +202,7 @@ class PlanSerializer(TeamOwnedSerializer):
             raise serializers.ValidationError({"source": ["imported plans are 'imported' or 'measured'"]})
         attrs.setdefault("source", Plan.Source.IMPORTED)
         # the stored prediction is always the planner's own for this scenario; a given one is ignored
-        attrs.update(
-            strategy=plan.strategy.to_dict(),
-            feasible=plan.feasible,
-            reason=plan.reason,
-            predicted=plan.predicted,
-            device_name=cluster.device.name,
-            device_count=cluster.num_devices,
-            params_billion=model.parameter_count()["total"] / 1e9,
-        )
+        attrs.update(plan_row_fields(plan, model, cluster))
         return attrs
 
 
@@ -283,7 +266,3 @@ def plan_visuals_or_none(documents: dict, plan: dict) -> dict | None:
     if not plan.get("feasible", True) and not plan.get("predicted"):
         return None
     return plan_visuals(documents["model"], documents["cluster"], documents["training"], plan)
-
-
-def plan_for_user(user, pk: int) -> Plan:
-    return get_object_or_404(scoped(Plan.objects.all(), user), pk=pk)

@@ -9,7 +9,7 @@ from django.db import transaction
 
 from controlplane.clusters.models import Cluster, HardwareProfile
 from controlplane.planning.models import ModelSpec, Plan
-from controlplane.planning.specs import params_billion
+from controlplane.planning.specs import params_billion, plan_row_fields
 from workers import planner
 from workers.planner.examples import DATA, contract, reference_runs
 from workers.planner.hardware import calibration_dir, load_profiles
@@ -100,13 +100,8 @@ def _seed_reference_run(team, run: dict) -> int:
         model_doc=run["model"],
         cluster_doc=run["cluster"],
         training=run["training"],
-        strategy=result.best.strategy.to_dict(),
-        feasible=True,
-        predicted=result.best.predicted,
         measured=run["measured"],
         measured_source=run["source"],
-        device_name=cluster.device.name,
-        device_count=cluster.num_devices,
-        params_billion=model.parameter_count()["total"] / 1e9,
+        **plan_row_fields(result.best, model, cluster),
     )
     return 1

@@ -16,7 +16,7 @@ from controlplane.common.models import JobState
 from controlplane.live.services import publish
 from controlplane.planning.models import ModelSpec, Plan, StrategySearch
 from controlplane.planning.selectors import plan_document, similar_plans
-from controlplane.planning.specs import checked, params_billion
+from controlplane.planning.specs import checked, params_billion, plan_row_fields
 from workers import planner
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,8 @@ def _plan_row(
     *,
     rank: int | None,
     in_pareto: bool,
-    cluster_spec,
-    params: float,
+    model_spec: planner.ModelSpec,
+    cluster_spec: planner.ClusterSpec,
 ) -> Plan:
     return Plan(
         team=search.team,
@@ -162,13 +162,7 @@ def _plan_row(
         model_doc=search.request["model"],
         cluster_doc=search.request["cluster"],
         training=search.request["training"],
-        strategy=plan.strategy.to_dict(),
-        feasible=plan.feasible,
-        reason=plan.reason,
-        predicted=plan.predicted,
-        device_name=cluster_spec.device.name,
-        device_count=cluster_spec.num_devices,
-        params_billion=params,
+        **plan_row_fields(plan, model_spec, cluster_spec),
     )
 
 
@@ -287,7 +281,6 @@ def _search_run(search: StrategySearch) -> str:
     result = run(cluster, progress=progress)
     if result.best is None and req.get("allow_fewer_nodes") and not result.stats.get("cancelled"):
         result, cluster = _search_fewer_nodes(result, cluster, run)
-    params = model.parameter_count()["total"] / 1e9
     with transaction.atomic():
         search = StrategySearch.objects.select_for_update().get(pk=search.pk)
         search.stats = result.stats
@@ -296,9 +289,12 @@ def _search_run(search: StrategySearch) -> str:
         search.candidates = result.candidates
         search.similar_plans = similar  # with each similar plan re-evaluated on this scenario
         pareto_ids = {id(p) for p in result.pareto}
+        ranked = [*enumerate(result.top, start=1), *((None, p) for p in result.pareto)]
         rows, seen = [], set()
-        for rank, plan in enumerate(result.top, start=1):
+        for rank, plan in ranked:  # the top plans, then the Pareto plans not among them
             key = tuple(sorted(plan.strategy.to_dict().items()))
+            if key in seen:
+                continue
             seen.add(key)
             rows.append(
                 _plan_row(
@@ -306,17 +302,10 @@ def _search_run(search: StrategySearch) -> str:
                     plan,
                     rank=rank,
                     in_pareto=id(plan) in pareto_ids,
+                    model_spec=model,
                     cluster_spec=cluster,
-                    params=params,
                 )
             )
-        for plan in result.pareto:
-            key = tuple(sorted(plan.strategy.to_dict().items()))
-            if key not in seen:
-                seen.add(key)
-                rows.append(
-                    _plan_row(search, plan, rank=None, in_pareto=True, cluster_spec=cluster, params=params)
-                )
         Plan.objects.bulk_create(rows)
         search.finished_at = timezone.now()
         search.progress = 1.0

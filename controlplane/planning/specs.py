@@ -43,3 +43,17 @@ def evaluated(model, cluster, training, strategy_doc) -> planner.Plan:
         raise ValidationError(
             {k if k.startswith("strategy") else f"strategy.{k}": v for k, v in exc.errors.items()}
         ) from exc
+
+
+def plan_row_fields(plan: planner.Plan, model: planner.ModelSpec, cluster: planner.ClusterSpec) -> dict:
+    """The ``Plan`` columns a costed plan fills: what the planner said, and the scenario keys the
+    similar-plans lookup filters on (device, device count, model size)."""
+    return {
+        "strategy": plan.strategy.to_dict(),
+        "feasible": plan.feasible,
+        "reason": plan.reason,
+        "predicted": plan.predicted,
+        "device_name": cluster.device.name,
+        "device_count": cluster.num_devices,
+        "params_billion": model.parameter_count()["total"] / 1e9,
+    }
