@@ -170,3 +170,25 @@ def token_for():
         return token_issue(user=user, name=name)[1]
 
     return issue
+
+
+def import_tiny_cpu_plan(client, name: str = "tiny on this machine") -> dict:
+    """Import (POST /api/plans/) a plan for the tiny example GPT, data parallel over 2 ranks of this
+    machine's cpu cluster; returns the created plan as the API answers it."""
+    from controlplane.planning.seed import local_cpu_cluster
+    from workers.training.examples import example
+
+    cpu, _ = local_cpu_cluster()
+    r = client.post(
+        "/api/plans/",
+        {
+            "name": name,
+            "model": example("tiny-dense.json"),
+            "cluster": {**cpu, "num_nodes": 1, "devices_per_node": 2},
+            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"},
+            "strategy": example("dp2.json"),
+        },
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    return r.json()

@@ -5,39 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import PASSWORD
-from workers.training.examples import example
+from tests.conftest import PASSWORD, import_tiny_cpu_plan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
-
-TINY = example("tiny-dense.json")
-STRATEGY = example("dp2.json")
 
 
 def test_launch_from_a_plan_page_trains_live_and_the_plan_learns(live_stack, page, make_member):
     from rest_framework.test import APIClient
 
     from controlplane.planning.models import Plan
-    from controlplane.planning.seed import local_cpu_cluster
 
     alice = make_member("alice", "Team A")
     api = APIClient()
     api.force_authenticate(alice)
-    cpu, _ = local_cpu_cluster()
-    r = api.post(
-        "/api/plans/",
-        {
-            "name": "tiny on this machine",
-            "model": TINY,
-            "cluster": {**cpu, "num_nodes": 1, "devices_per_node": 2},
-            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"},
-            "strategy": STRATEGY,
-        },
-        format="json",
-    )
-    assert r.status_code == 201, r.content
-    plan_id = r.json()["id"]
-    predicted = r.json()["predicted"]["step_time_s"]
+    imported = import_tiny_cpu_plan(api)
+    plan_id, predicted = imported["id"], imported["predicted"]["step_time_s"]
 
     page.goto(live_stack.base_url + f"/login/?next=/planning/plans/{plan_id}/")
     page.fill("input[name=username]", "alice")

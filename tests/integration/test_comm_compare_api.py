@@ -9,12 +9,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from controlplane.jobs.comm import COMM_METHODS
+from tests.conftest import import_tiny_cpu_plan
 from workers.training.comm import netem
 from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-STRATEGY = example("dp2.json")
 TINY = example("tiny-dense.json")
 
 
@@ -28,25 +28,12 @@ def test_the_page_lists_the_same_methods_as_the_engine():
 def job_from_plan(make_member):
     from controlplane.jobs.models import TrainingJob
     from controlplane.planning.models import Plan
-    from controlplane.planning.seed import local_cpu_cluster
 
     alice = make_member("alice", "Team A")
     team = alice.teams.first()
     client = APIClient()
     client.force_authenticate(alice)
-    cpu, _ = local_cpu_cluster()
-    r = client.post(
-        "/api/plans/",
-        {
-            "model": TINY,
-            "cluster": {**cpu, "num_nodes": 1, "devices_per_node": 2},
-            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"},
-            "strategy": STRATEGY,
-        },
-        format="json",
-    )
-    assert r.status_code == 201, r.content
-    plan = Plan.objects.get(pk=r.json()["id"])
+    plan = Plan.objects.get(pk=import_tiny_cpu_plan(client)["id"])
     job = TrainingJob.objects.create(
         team=team,
         name="tiny",

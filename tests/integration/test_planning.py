@@ -16,8 +16,8 @@ from asgiref.sync import sync_to_async
 from rest_framework.test import APIClient
 
 from tests.api_mixins import TeamScopedApiTests
+from tests.conftest import import_tiny_cpu_plan
 from workers.planner.examples import contract
-from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -263,31 +263,13 @@ def test_search_input_errors_name_the_field(client, make_member):
     assert r.status_code == 400 and "cluster" in r.json()
 
 
-TINY = example("tiny-dense.json")
-
-
 @pytest.mark.slow
 def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
     """Plan → Launch → a real 2-rank CPU job → its measured step time lands beside the prediction."""
     from controlplane.planning.models import Plan
-    from controlplane.planning.seed import local_cpu_cluster
 
-    cpu_cluster, _ = local_cpu_cluster()
-    cpu_cluster = {**cpu_cluster, "num_nodes": 1, "devices_per_node": 2}
-    strategy = example("dp2.json")
-    r = client.post(
-        "/api/plans/",
-        {
-            "name": "tiny on cpu",
-            "model": TINY,
-            "cluster": cpu_cluster,
-            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"},
-            "strategy": strategy,
-        },
-        format="json",
-    )
-    assert r.status_code == 201, r.content
-    plan_id = r.json()["id"]
+    imported = import_tiny_cpu_plan(client, "tiny on cpu")
+    plan_id = imported["id"]
     r = client.post(
         "/api/jobs/", {"name": "from plan", "plan_id": plan_id, "steps": 5, "device": "cpu"}, format="json"
     )
@@ -299,7 +281,7 @@ def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
     plan = Plan.objects.get(pk=plan_id)
     assert job.source_plan_id == plan_id, job.source_plan_id
     # the planned cluster's link sizes the gradient buckets
-    assert job.config["inter_node_GBps"] == cpu_cluster["inter_node"]["bandwidth_GBps"]
+    assert job.config["inter_node_GBps"] == imported["cluster"]["inter_node"]["bandwidth_GBps"]
     assert plan.measured["step_time_s"] == job.measured["step_time_s"] > 0
     assert plan.measured_source == f"job/{job.pk}"
     assert client.get(f"/api/plans/{plan_id}/").json()["measured"]["tokens_per_s"] > 0
@@ -309,7 +291,7 @@ def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
         {
             "name": "too big",
             "model": contract("model-moe.json"),
-            "strategy": strategy,
+            "strategy": imported["strategy"],
             "training": {"global_batch_size": 8},
             "device": "cpu",
         },
