@@ -119,7 +119,9 @@ def run_node(job_id: int, attempt: int, node_rank: int) -> str:
     config_path = workdir / f"config-node{node_rank}.json"
     config = {**job.config, "job_id": str(job.pk), "redis_url": settings.REDIS_URL}
     config_path.write_text(json.dumps(config))
-    summary_path = workdir / "summary.json"
+    # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
+    # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
+    summary_path = workdir / f"summary-node{node_rank}.json"
     log_path = workdir / f"node{node_rank}.log"
     cmd = render_torchrun_command(
         str(config_path),
@@ -129,7 +131,7 @@ def run_node(job_id: int, attempt: int, node_rank: int) -> str:
         endpoint,
         run_id=f"job{job.pk}-a{attempt}",
         max_restarts=0,
-        summary_path=str(summary_path) if node_rank == 0 else None,
+        summary_path=str(summary_path),
     )
     log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
     with log_path.open("ab") as out:
@@ -156,7 +158,7 @@ def run_node(job_id: int, attempt: int, node_rank: int) -> str:
                 break
         time.sleep(POLL_EVERY_S)
     exit_code = proc.wait()
-    summary = json.loads(summary_path.read_text()) if node_rank == 0 and summary_path.exists() else None
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     close_old_connections()
     services.node_finished(
         node=node, exit_code=exit_code, cancelled=cancelled, log_tail=read_tail(log_path), summary=summary
