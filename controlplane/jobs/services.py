@@ -26,7 +26,7 @@ def validated_config(config: dict) -> dict:
     try:
         return JobConfig.from_dict(config).validate().to_dict()
     except ConfigError as exc:
-        raise ValidationError({exc.field: [str(exc).split(": ", 1)[-1]]}) from exc
+        raise ValidationError(exc.errors) from exc
 
 
 def publish_after_commit(job: TrainingJob, values: dict) -> None:

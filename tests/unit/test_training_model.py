@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.training.config import ModelConfig
+from workers.planner.specs import ModelSpec
+from workers.training.config import ConfigError, ModelConfig, parse_model
 from workers.training.model import Transformer, num_params
 from workers.training.parallelize import pipeline_bubble_fraction, pipeline_split, stage_layer_ranges
 
@@ -16,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examp
 
 
 def load(name: str) -> ModelConfig:
-    return ModelConfig.from_dict(json.loads((EXAMPLES / name).read_text()))
+    return parse_model(json.loads((EXAMPLES / name).read_text()))
 
 
 @pytest.mark.parametrize("name", ["tiny-dense.json", "tiny-gelu.json", "tiny-moe.json"])
@@ -29,6 +30,41 @@ def test_forward_gives_logits_over_the_vocabulary_and_counts_match(name):
     assert logits.shape == (2, cfg.seq_length, cfg.vocab_size)
     assert torch.isfinite(logits).all()
     assert num_params(cfg, active=False) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(("activation", "gated"), [("relu", False), ("geglu", True), ("swiglu", True)])
+def test_every_contract_activation_trains_with_the_planners_matrix_count(activation, gated):
+    d = {**json.loads((EXAMPLES / "tiny-moe.json").read_text()), "activation": activation}
+    cfg = parse_model(d)
+    model = Transformer(cfg)
+    model.init_weights(0)
+    block = model.layers["0"].feed_forward
+    assert (block.w3 is not None) == gated == cfg.gated
+    loss = model(torch.randint(0, 256, (2, cfg.seq_length))).logsumexp(-1).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert num_params(cfg, active=False) == sum(p.numel() for p in model.parameters())
+
+
+def test_runtime_reads_model_json_with_the_planners_defaults_and_rules():
+    d = json.loads((EXAMPLES / "tiny-moe.json").read_text())
+    del d["activation"]
+    # one parser: the model the planner costs is the model the runtime trains
+    assert parse_model(d) == ModelSpec.from_dict(d)
+    assert Transformer(parse_model(d)).layers["0"].feed_forward.w3 is None  # the contract default is gelu
+    bad = {**d, "num_kv_heads": 3, "moe": {**d["moe"], "top_k": 99}}
+    with pytest.raises(ConfigError) as err:
+        parse_model(bad)
+    assert set(err.value.errors) == {"model.num_kv_heads", "model.moe.top_k"}  # every problem, named
+    for field, change in (
+        ("model.hidden_size", {"hidden_size": 36, "num_attention_heads": 4, "num_kv_heads": 4}),  # head dim 9
+        ("model.tied_embeddings", {"tied_embeddings": True}),
+        ("model.vocab_size", {"vocab_size": 100}),
+        ("model", None),
+    ):
+        with pytest.raises(ConfigError) as err:
+            parse_model({**d, **change} if change else [d])
+        assert err.value.field == field
 
 
 def test_same_seed_same_weights_and_causal_outputs():

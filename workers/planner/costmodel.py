@@ -293,7 +293,7 @@ class CostModel:
         moments = 8.0 if training.optimizer in ("adam", "adamw") else 4.0
         self.optimizer_bytes = master + moments
         m = model
-        self.mats = 3 if m.activation in ("swiglu", "geglu") else 2
+        self.mats = 3 if m.gated else 2
         self.params = m.parameter_count()
         self.n_moe = m.num_moe_layers
         self.n_dense = m.num_layers - self.n_moe

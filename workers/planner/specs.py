@@ -250,8 +250,23 @@ class ModelSpec:
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def gated(self) -> bool:
+        """A gated MLP (swiglu / geglu): three weight matrices instead of two."""
+        return self.activation in ("swiglu", "geglu")
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id`` (0-based) has a mixture-of-experts MLP."""
+        if self.moe is None or layer_id < self.moe.first_dense_layers:
+            return False
+        return (layer_id - self.moe.first_dense_layers) % self.moe.layer_frequency == 0
+
+    @property
+    def moe_layer_ids(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+
+    @property
     def num_moe_layers(self) -> int:
-        """Layers whose MLP is a mixture of experts."""
+        """Layers whose MLP is a mixture of experts (``len(moe_layer_ids)`` without the list)."""
         if self.moe is None:
             return 0
         rest = self.num_layers - self.moe.first_dense_layers
@@ -261,7 +276,7 @@ class ModelSpec:
         """Parameters by kind: ``attention``, ``dense_mlp``, ``experts``, ``shared`` (router, shared
         experts), ``embedding``, ``norms`` and ``total`` (Megatron-LM layer layout)."""
         h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
-        mats = 3 if self.activation in ("swiglu", "geglu") else 2
+        mats = 3 if self.gated else 2
         # QKV with GQA + output projection (Megatron-LM ParallelAttention layout)
         attention = h * (h + 2 * self.num_kv_heads * hd) + h * h
         dense_mlp = mats * h * f

@@ -1,8 +1,10 @@
 """The run's configuration, parsed from the public contracts (``model.json``, ``strategy.json``,
 ``training.json``, ``plan.json``) plus runtime knobs.
 
-Local parsing on purpose: the planner engine will own ``ModelSpec``/``Strategy``/``TrainingConfig``; when
-it lands these dataclasses become thin adapters. Field names follow the contracts exactly. Every
+``model.json`` is read by the planner's own parser (:class:`workers.planner.specs.ModelSpec`), so a model
+the planner costs is the model the runtime trains: same fields, same defaults, same rules; the runtime
+only adds what it needs on top (:func:`parse_model`). ``strategy.json``/``training.json`` keep runtime
+classes here because their defaults differ on purpose (fp32 on CPU, one rank unless told). Every
 validation error is a :class:`ConfigError` naming the offending field, so the CLI can print it and exit 2.
 """
 
@@ -14,13 +16,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from workers.planner.specs import ModelSpec, MoESpec, SpecError
 
-class ConfigError(ValueError):
-    """Invalid input; ``field`` names the offending contract field (``strategy.tp``, ``model.moe.top_k``)."""
+# The runtime's names for the planner's model classes (the runtime adds checks, not fields).
+ModelConfig = ModelSpec
+MoEConfig = MoESpec
 
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
+
+class ConfigError(SpecError):
+    """Invalid input; ``field`` names the (first) offending contract field (``strategy.tp``,
+    ``model.moe.top_k``), ``errors`` all of them. ``ConfigError("strategy.tp", "must divide ...")``."""
 
 
 def _int(d: dict, key: str, prefix: str, *, minimum: int = 1, default: Any = ...) -> int:
@@ -54,103 +59,29 @@ def _choice(d: dict, key: str, prefix: str, choices: tuple[str, ...], default: s
     return value
 
 
-@dataclass(frozen=True)
-class MoEConfig:
-    """The ``moe`` object of ``model.json``."""
-
-    num_experts: int
-    """Routed experts per MoE layer."""
-    top_k: int
-    """Experts each token is sent to."""
-    expert_ffn_hidden_size: int
-    """Hidden size of one expert's feed-forward."""
-    num_shared_experts: int = 0
-    """Always-on experts (DeepSeek-style), computed for every token beside the routed ones."""
-    first_dense_layers: int = 0
-    """The first layers use a dense feed-forward instead of MoE."""
-    layer_frequency: int = 1
-    """After ``first_dense_layers``, every ``layer_frequency``-th layer is MoE."""
-    capacity_factor: float = 1.25
-    """Planner figure; the runtime is dropless (no token is dropped), so it is not used for routing."""
-    load_imbalance: float = 1.0
-    """Planner figure (max/mean expert load); the runtime measures the real one (``expert_load``)."""
-
-    @classmethod
-    def from_dict(cls, d: dict) -> MoEConfig:
-        p = "model.moe"
-        num_experts = _int(d, "num_experts", p)
-        top_k = _int(d, "top_k", p)
-        if top_k > num_experts:
-            raise ConfigError(f"{p}.top_k", f"must be <= num_experts ({num_experts}), got {top_k}")
-        return cls(
-            num_experts=num_experts,
-            top_k=top_k,
-            expert_ffn_hidden_size=_int(d, "expert_ffn_hidden_size", p),
-            num_shared_experts=_int(d, "num_shared_experts", p, minimum=0, default=0),
-            first_dense_layers=_int(d, "first_dense_layers", p, minimum=0, default=0),
-            layer_frequency=_int(d, "layer_frequency", p, default=1),
-            capacity_factor=_float(d, "capacity_factor", p, 1.25),
-            load_imbalance=_float(d, "load_imbalance", p, 1.0),
+def parse_model(d: Any) -> ModelSpec:
+    """``model.json`` as the planner reads it, plus what this runtime needs: an even head dimension
+    (rotary embeddings), at least 256 tokens of vocabulary (byte-level data), 2+ tokens a sequence and
+    separate input/output embeddings. MoE routing is dropless: ``capacity_factor`` and ``load_imbalance``
+    are planner figures; the runtime measures the real imbalance (``expert_load``)."""
+    if not isinstance(d, dict):
+        raise ConfigError("model", f"must be a JSON object, got {type(d).__name__}")
+    try:
+        m = ModelSpec.from_dict(d)
+    except SpecError as exc:
+        raise ConfigError(exc.prefixed("model").errors) from None
+    if m.head_dim % 2:
+        raise ConfigError("model.hidden_size", "hidden_size / num_attention_heads must be even (rotary)")
+    if m.vocab_size < 256:
+        raise ConfigError("model.vocab_size", f"must be >= 256 for byte-level tokens, got {m.vocab_size}")
+    if m.seq_length < 2:
+        raise ConfigError("model.seq_length", f"must be >= 2 (next-token targets), got {m.seq_length}")
+    if m.tied_embeddings:
+        raise ConfigError(
+            "model.tied_embeddings",
+            "the training runtime keeps separate input and output embeddings (set false or leave it out)",
         )
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """``model.json``: a GPT-style decoder, dense or MoE."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_length: int
-    activation: str = "swiglu"
-    """``swiglu`` (gated, three matrices) or ``gelu`` (two matrices)."""
-    moe: MoEConfig | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ModelConfig:
-        if not isinstance(d, dict):
-            raise ConfigError("model", "must be a JSON object")
-        p = "model"
-        heads = _int(d, "num_attention_heads", p)
-        kv_heads = _int(d, "num_kv_heads", p, default=heads)
-        hidden = _int(d, "hidden_size", p)
-        if hidden % heads:
-            raise ConfigError(f"{p}.hidden_size", f"must be divisible by num_attention_heads ({heads})")
-        if (hidden // heads) % 2:
-            raise ConfigError(f"{p}.hidden_size", "hidden_size / num_attention_heads must be even (rotary)")
-        if heads % kv_heads:
-            raise ConfigError(f"{p}.num_kv_heads", f"must divide num_attention_heads ({heads})")
-        vocab = _int(d, "vocab_size", p)
-        if vocab < 256:
-            raise ConfigError(f"{p}.vocab_size", f"must be >= 256 for byte-level tokens, got {vocab}")
-        moe = d.get("moe")
-        if moe is not None and not isinstance(moe, dict):
-            raise ConfigError(f"{p}.moe", "must be an object or null")
-        return cls(
-            name=str(d.get("name", "model")),
-            num_layers=_int(d, "num_layers", p),
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_kv_heads=kv_heads,
-            ffn_hidden_size=_int(d, "ffn_hidden_size", p),
-            vocab_size=vocab,
-            seq_length=_int(d, "seq_length", p, minimum=2),
-            activation=_choice(d, "activation", p, ("swiglu", "gelu"), "swiglu"),
-            moe=MoEConfig.from_dict(moe) if moe is not None else None,
-        )
-
-    def is_moe_layer(self, layer_id: int) -> bool:
-        if self.moe is None or layer_id < self.moe.first_dense_layers:
-            return False
-        return (layer_id - self.moe.first_dense_layers) % self.moe.layer_frequency == 0
-
-    @property
-    def moe_layer_ids(self) -> list[int]:
-        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+    return m
 
 
 @dataclass(frozen=True)
@@ -369,7 +300,7 @@ class JobConfig:
         if "model" not in d:
             raise ConfigError("model", "is required")
         kwargs = dict(d)
-        kwargs["model"] = ModelConfig.from_dict(d["model"])
+        kwargs["model"] = parse_model(d["model"])
         kwargs["strategy"] = ParallelConfig.from_dict(d.get("strategy") or {})
         kwargs["training"] = TrainingSpec.from_dict(d.get("training"))
         for name in ("lr", "weight_decay", "grad_clip", "expert_bias_update_rate", "inter_node_latency_us"):

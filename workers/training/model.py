@@ -65,20 +65,31 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+# model.json ``activation`` -> (the nonlinearity, gated). Gated variants (Shazeer 2020, "GLU Variants Improve
+# Transformer"): ``w2(act(w1 x) * w3 x)``; plain ones: ``w2(act(w1 x))``.
+ACTIVATIONS = {
+    "swiglu": (F.silu, True),
+    "geglu": (F.gelu, True),
+    "gelu": (F.gelu, False),
+    "relu": (F.relu, False),
+}
+
+
 class FeedForward(nn.Module):
-    """SwiGLU (Shazeer 2020): ``w2(silu(w1 x) * w3 x)``; GELU: ``w2(gelu(w1 x))``."""
+    """The MLP: SwiGLU/GeGLU ``w2(act(w1 x) * w3 x)`` or GELU/ReLU ``w2(act(w1 x))``."""
 
     def __init__(self, dim: int, hidden: int, activation: str):
         super().__init__()
         self.activation = activation
+        self.act, gated = ACTIVATIONS[activation]
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False) if activation == "swiglu" else None
+        self.w3 = nn.Linear(dim, hidden, bias=False) if gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x)))
+            return self.w2(self.act(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)))
 
 
 class GroupedExperts(nn.Module):
@@ -88,9 +99,10 @@ class GroupedExperts(nn.Module):
     def __init__(self, dim: int, hidden: int, num_experts: int, activation: str):
         super().__init__()
         self.activation = activation
+        self.act, gated = ACTIVATIONS[activation]
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden))
-        self.w3 = nn.Parameter(torch.empty(num_experts, hidden, dim)) if activation == "swiglu" else None
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden, dim)) if gated else None
 
     @property
     def num_local_experts(self) -> int:
@@ -101,7 +113,7 @@ class GroupedExperts(nn.Module):
         outputs = []
         for e, chunk in enumerate(torch.split(x, tokens_per_expert.tolist(), dim=0)):
             h = chunk @ self.w1[e].T
-            h = F.silu(h) * (chunk @ self.w3[e].T) if self.w3 is not None else F.gelu(h)
+            h = self.act(h) * (chunk @ self.w3[e].T) if self.w3 is not None else self.act(h)
             outputs.append(h @ self.w2[e].T)
         return torch.cat(outputs, dim=0) if outputs else x.new_zeros(0, x.shape[-1])
 
@@ -210,7 +222,7 @@ def num_params(cfg: ModelConfig, *, active: bool) -> int:
     """Parameter count of ``cfg``; with ``active`` only the experts one token uses (top_k + shared)."""
     d, h = cfg.hidden_size, cfg.ffn_hidden_size
     kv = cfg.num_kv_heads * (d // cfg.num_attention_heads)
-    mats = 3 if cfg.activation == "swiglu" else 2
+    mats = 3 if cfg.gated else 2
     attn = 2 * d * d + 2 * d * kv
     total = 2 * cfg.vocab_size * d + d
     for i in range(cfg.num_layers):

@@ -59,7 +59,7 @@ def register(subparsers) -> None:
 
 def _model_from_args(args) -> tuple[dict, int]:
     from workers.training.comm.compare import DEFAULT_MODEL
-    from workers.training.config import ConfigError, ModelConfig, read_json, strategy_from_plan
+    from workers.training.config import ConfigError, parse_model, read_json, strategy_from_plan
 
     micro = args.micro_batch_size
     model = None
@@ -75,7 +75,7 @@ def _model_from_args(args) -> tuple[dict, int]:
         if args.plan:
             raise ConfigError("--model", "required (the plan has no 'model')")
         model = read_json(DEFAULT_MODEL, "model")
-    ModelConfig.from_dict(model)  # names the bad field
+    parse_model(model)  # names the bad field
     return model, micro or 1
 
 

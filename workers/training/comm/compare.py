@@ -219,12 +219,12 @@ def compare_methods(
 ) -> Comparison:
     """Train ``model`` under each method on an emulated ``nodes`` x ``ranks_per_node`` network (or the
     given ``net``) and collect rank 0's figures. ``progress(method, row)`` is called after each."""
-    from workers.training.config import ModelConfig
+    from workers.training.config import parse_model
     from workers.training.model import num_params
 
     for m in methods:
         method_hook(m, ranks_per_node=ranks_per_node, density=density)  # fail fast on a bad name
-    params = num_params(ModelConfig.from_dict(model), active=False)
+    params = num_params(parse_model(model), active=False)
     world = nodes * ranks_per_node
     own = net is None
     net = net or netem.TwoTierNetwork(nodes=nodes, inter_node_gbit=inter_node_gbit)
