@@ -15,6 +15,7 @@ from controlplane.common.documents import DocumentSerializer
 from controlplane.planning import services
 from controlplane.planning.models import ModelSpec, Plan, StrategySearch
 from controlplane.planning.specs import checked, evaluated, params_billion, plan_row_fields
+from workers.planner.visual import plan_breakdown
 
 
 class ModelSpecSerializer(DocumentSerializer):
@@ -255,8 +256,9 @@ class EvaluateApi(APIView):
         d = data.validated_data
         model, cluster = checked("model", d["model"], "model"), checked("cluster", d["cluster"], "cluster")
         training = checked("training", d["training"], "training")
-        plan = evaluated(model, cluster, training, d["strategy"])
-        return Response({"plan": plan.to_dict(), "visuals": plan_visuals_or_none(d, plan.to_dict())})
+        plan = evaluated(model, cluster, training, d["strategy"]).to_dict()
+        plan["breakdown"] = plan_breakdown(plan.get("predicted"), cluster.device.memory_GiB)
+        return Response({"plan": plan, "visuals": plan_visuals_or_none(d, plan)})
 
 
 def plan_visuals_or_none(documents: dict, plan: dict) -> dict | None:

@@ -38,7 +38,11 @@ def similar_plans(
 
 
 def plan_document(plan: Plan) -> dict:
-    """A plan for pages and the API: plan.json plus where it came from and what was measured."""
+    """A plan for pages and the API: plan.json plus where it came from, what was measured and the memory /
+    step-time breakdowns the charts stack (computed here, so no page re-derives them)."""
+    from workers.planner.visual import plan_breakdown
+
+    capacity = (plan.cluster_doc.get("device") or {}).get("memory_GiB")
     return {
         "id": plan.pk,
         "name": str(plan),
@@ -56,4 +60,7 @@ def plan_document(plan: Plan) -> dict:
         "cluster_name": plan.cluster_doc.get("name", ""),
         "device_name": plan.device_name,
         "device_count": plan.device_count,
+        "breakdown": plan_breakdown(
+            plan.predicted, capacity if isinstance(capacity, int | float) and capacity > 0 else None
+        ),
     }

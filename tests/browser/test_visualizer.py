@@ -126,6 +126,15 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     assert page.locator("#plan-table tbody tr").count() >= 10
     data = page.evaluate("() => window.__viz.data")
     assert len(data["candidates"]) > 100 and data["visuals"]["schedule"]["blocks"]
+    # the runner-up's bars are the server's breakdown of it (nothing re-derived in the browser)
+    second = next(p for p in data["plans"] if p["rank"] == 2)
+    bars = page.evaluate(
+        "() => ['#view-memory', '#view-steptime'].map((id) => "
+        "document.querySelector(`${id} .js-plotly-plot`).data[0].x)"
+    )
+    assert bars[0][1] == pytest.approx(second["breakdown"]["memory"]["parts"]["params"])
+    assert bars[1][1] == pytest.approx(second["breakdown"]["step_time"]["parts"]["compute"])
+    assert bars[0][0] == pytest.approx(data["visuals"]["memory"]["parts"]["params"])
     assert page.locator("#view-placement table.placement-links tr[data-kind='ep']").count() == 1
     for v in ("pareto", "memory", "steptime", "schedule", "placement", "diff"):
         shoot(page, f"{v}-best", f"#view-{v}")

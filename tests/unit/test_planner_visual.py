@@ -11,6 +11,7 @@ from workers.planner.visual import (
     drawn_micro_batches,
     pipeline_schedule,
     placement_map,
+    plan_breakdown,
     plan_visuals,
     schedule_idle_fraction,
 )
@@ -343,6 +344,12 @@ def test_plan_visuals_breakdowns_add_up_to_the_prediction(dense):
     assert parts == pytest.approx(pred["memory_GiB_per_device"]["total"], abs=0.02)
     assert mem["capacity"] == 80 and mem["fits"]
     assert v["placement"]["degrees"] == {"tp": 2, "cp": 2, "dp": 2, "pp": 2, "ep": 1}
+    # any other plan on a page gets the same breakdowns from its predicted figures alone (no cluster at
+    # hand: the capacity is read back from the headroom)
+    light = plan_breakdown(pred)
+    assert light["step_time"] == st
+    assert light["memory"]["capacity"] == pytest.approx(80) and light["memory"]["parts"] == mem["parts"]
+    assert plan_breakdown({}) is None and plan_breakdown(None) is None
 
 
 @pytest.mark.skipif(not CONTRACTS.exists(), reason="contracts not present")

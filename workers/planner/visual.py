@@ -416,6 +416,20 @@ def memory_breakdown(predicted: dict[str, Any], capacity_GiB: float) -> dict[str
     }
 
 
+def plan_breakdown(
+    predicted: dict[str, Any] | None, capacity_GiB: float | None = None
+) -> dict[str, Any] | None:
+    """The two breakdowns the charts stack for any plan (``memory``, ``step_time``), from its predicted
+    figures alone; None for a plan with none (infeasible before costing). Without ``capacity_GiB`` the
+    capacity is read back as total + ``memory_headroom_GiB``."""
+    if not predicted:
+        return None
+    if capacity_GiB is None:
+        total = _num(predicted.get("memory_GiB_per_device") or {}, "total")
+        capacity_GiB = total + _num(predicted, "memory_headroom_GiB")
+    return {"memory": memory_breakdown(predicted, capacity_GiB), "step_time": step_time_breakdown(predicted)}
+
+
 def step_time_breakdown(predicted: dict[str, Any]) -> dict[str, Any]:
     """The step time as the cost model adds it up, and each communication kind as exposed + overlapped.
 
@@ -544,14 +558,14 @@ def plan_visuals(
     return {
         "schedule": schedule,
         "placement": placement_map(cluster, strategy, max_nodes=max_nodes),
-        "memory": memory_breakdown(pred, cluster.device.memory_GiB),
-        "step_time": step_time_breakdown(pred),
+        **plan_breakdown(pred, cluster.device.memory_GiB),
     }
 
 
 __all__ = [
     "drawn_micro_batches",
     "memory_breakdown",
+    "plan_breakdown",
     "pipeline_schedule",
     "placement_map",
     "plan_visuals",

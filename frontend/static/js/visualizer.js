@@ -110,36 +110,21 @@ export function errorLines(body, prefix = "") {
 }
 
 // ------------------------------------------------------------------------------- breakdowns of a plan
-// The selected plan's breakdowns come from plan_visuals (workers/planner/visual.py); for the other plans
-// on a page (runner-up, diff, what-if) the same two derivations are read off `predicted` here, mirroring
-// visual.memory_breakdown and visual.step_time_breakdown.
+// Every breakdown is computed on the server (workers/planner/visual.py): the selected plan's arrive in
+// `visuals`, every other plan on a page carries its own `breakdown` (planning.selectors.plan_document and
+// /api/plans/evaluate/). A plan without predicted figures draws as empty bars.
 
-export function memoryOf(plan, capacity) {
-  const m = (plan && plan.predicted && plan.predicted.memory_GiB_per_device) || {};
-  const parts = {};
-  for (const [k] of MEMORY_PARTS.slice(0, 4)) parts[k] = Number(m[k] || 0);
-  const sum = Object.values(parts).reduce((a, b) => a + b, 0);
-  const total = Number(m.total != null ? m.total : sum);
-  const headroom = plan && plan.predicted ? plan.predicted.memory_headroom_GiB : null;
-  const cap = capacity != null ? capacity : headroom != null ? total + headroom : null;
-  return { parts, other: Math.max(0, +(total - sum).toFixed(2)), total, capacity: cap };
+const EMPTY_MEMORY = { parts: Object.fromEntries(MEMORY_PARTS.slice(0, 4).map(([k]) => [k, 0])), other: 0, total: 0,
+                       capacity: null };
+const EMPTY_STEP = { step_time_s: 0, parts: Object.fromEntries(STEP_PARTS.map(([k]) => [k, 0])),
+                     comm: Object.fromEntries(COMM_KINDS.map(([k]) => [k, { total: 0, exposed: 0, overlapped: 0 }])) };
+
+export function memoryOf(plan) {
+  return (plan && plan.breakdown && plan.breakdown.memory) || EMPTY_MEMORY;
 }
 
 export function stepOf(plan) {
-  const p = (plan && plan.predicted) || {};
-  const c = p.comm_s || {};
-  const t = Object.fromEntries(COMM_KINDS.map(([k]) => [k, Number(c[k] || 0)]));
-  const inline = p.inline_comm_s != null ? p.inline_comm_s : t.tp + t.ep + t.cp;
-  const cpExposed = Math.min(t.cp, Math.max(0, inline - t.tp - t.ep));
-  const dpExposed = p.dp_exposed_s != null ? p.dp_exposed_s : t.dp;
-  const exposed = { tp: t.tp, ep: t.ep, cp: cpExposed, pp: t.pp, dp: t.dp ? Math.min(t.dp, dpExposed) : dpExposed };
-  const step = Number(p.step_time_s || 0);
-  const parts = { compute: Number(p.compute_s || 0), tp: exposed.tp, ep: exposed.ep, cp: exposed.cp, pp: exposed.pp,
-                  dp: dpExposed, bubble: p.bubble_s != null ? p.bubble_s : (p.bubble_fraction || 0) * step,
-                  optimizer: Number(p.optimizer_s || 0) };
-  const comm = Object.fromEntries(COMM_KINDS.map(([k]) => [k, { total: t[k], exposed: exposed[k],
-                                                                overlapped: Math.max(0, t[k] - exposed[k]) }]));
-  return { step_time_s: step, parts, comm };
+  return (plan && plan.breakdown && plan.breakdown.step_time) || EMPTY_STEP;
 }
 
 // ------------------------------------------------------------------------------------- view 2: memory
@@ -618,8 +603,8 @@ export function initSearchPage() {
     state.selected = { plan, visuals, label };
     const cap = data.cluster.device.memory_GiB;
     const ru = runnerUpFor(plan.strategy);
-    const entries = [{ label, memory: visuals ? { ...visuals.memory } : memoryOf(plan, cap), plan }];
-    if (ru) entries.push({ label: ru.label, memory: memoryOf(ru.plan, cap), plan: ru.plan });
+    const entries = [{ label, memory: visuals ? visuals.memory : memoryOf(plan), plan }];
+    if (ru) entries.push({ label: ru.label, memory: memoryOf(ru.plan), plan: ru.plan });
     const stepEntries = [{ label, step: visuals ? visuals.step_time : stepOf(plan) }];
     if (ru) stepEntries.push({ label: ru.label, step: stepOf(ru.plan) });
     const jobs = [drawMemory(views.memory, entries, cap), drawStepTime(views.steptime, stepEntries)];
@@ -890,10 +875,10 @@ export function initPlanPage() {
   const v = data.visuals;
   const label = plan.name || "this plan";
   const ru = data.runner_up;
-  const memEntries = [{ label, memory: v ? v.memory : memoryOf(plan, cap) }];
+  const memEntries = [{ label, memory: v ? v.memory : memoryOf(plan) }];
   const stepEntries = [{ label, step: v ? v.step_time : stepOf(plan) }];
   if (ru) {
-    memEntries.push({ label: "runner-up", memory: memoryOf(ru, cap) });
+    memEntries.push({ label: "runner-up", memory: memoryOf(ru) });
     stepEntries.push({ label: "runner-up", step: stepOf(ru) });
   }
   drawMemory(document.getElementById("view-memory"), memEntries, cap);
