@@ -79,6 +79,13 @@ CASES = {
     ),
     "ep2-dp2-moe": ("tiny-moe.json", {"dp": 2, "ep": 2, "micro_batch_size": 2}),
     "ep2-dp4-zero1-moe": ("tiny-moe.json", {"dp": 4, "ep": 2, "micro_batch_size": 1, "zero_stage": 1}),
+    "cp2-dp2-ddp": ("tiny-dense.json", {"cp": 2, "dp": 2, "micro_batch_size": 2}),
+    "cp2-tp2-sequence-parallel-zero3": (
+        "tiny-dense.json",
+        {"cp": 2, "tp": 2, "micro_batch_size": 4, "sequence_parallel": True, "zero_stage": 3},
+    ),
+    "cp2-pp2-1f1b": ("tiny-dense.json", {"cp": 2, "pp": 2, "micro_batch_size": 2}),
+    "cp2-ep2-moe": ("tiny-moe.json", {"cp": 2, "ep": 2, "micro_batch_size": 4}),
 }
 
 

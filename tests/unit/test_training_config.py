@@ -50,7 +50,7 @@ def test_contract_examples_parse_with_their_field_names():
         ({"dp": 2, "ep": 3}, "strategy.ep"),
         ({"zero_stage": 4}, "strategy.zero_stage"),
         ({"recompute": "some"}, "strategy.recompute"),
-        ({"cp": 2}, "strategy.cp"),
+        ({"cp": 3}, "strategy.cp"),  # 2*cp must divide seq_length (32)
         ({"sequence_parallel": "yes"}, "strategy.sequence_parallel"),
         ({"pp": 2, "micro_batch_size": 8}, "strategy.micro_batch_size"),
         ({"dp": 3}, "training.global_batch_size"),

@@ -11,7 +11,14 @@ import torch
 from workers.planner.specs import ModelSpec
 from workers.training.config import ConfigError, ModelConfig, parse_model
 from workers.training.model import Transformer, num_params
-from workers.training.parallelize import pipeline_bubble_fraction, pipeline_split, stage_layer_ranges
+from workers.training.parallelize import (
+    ContextParallelAttention,
+    ParallelDims,
+    cp_positions,
+    pipeline_bubble_fraction,
+    pipeline_split,
+    stage_layer_ranges,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
 
@@ -127,3 +134,31 @@ def test_stage_ranges_and_ideal_bubble():
     assert pipeline_bubble_fraction(1, 1, 8) == 0.0
     assert pipeline_bubble_fraction(4, 1, 8) == pytest.approx(3 / 11)
     assert pipeline_bubble_fraction(4, 2, 8) == pytest.approx(3 / 19)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_chunks_cover_the_sequence_once_with_equal_causal_work(cp):
+    seq = 32
+    positions = [cp_positions(seq, cp, r) for r in range(cp)]
+    assert sorted(torch.cat(positions).tolist()) == list(range(seq))
+    assert positions[0].tolist()[: seq // (2 * cp)] == list(range(seq // (2 * cp)))  # rank 0: first chunk
+    assert positions[0][-1].item() == seq - 1  # ... and the last
+    work = []
+    for r in range(cp):
+        mask = ContextParallelAttention(None, positions, r, torch.device("cpu")).mask
+        # each local query sees exactly the keys at or before its true position
+        assert mask.sum(1).tolist() == (positions[r] + 1).tolist()
+        work.append(int(mask.sum()))
+    assert len(set(work)) == 1  # load-balanced: every rank computes the same number of scores
+
+
+def test_rank_layout_puts_tp_innermost_then_cp():
+    dims = ParallelDims(dp=2, tp=2, pp=2, ep=2, world_size=16, cp=2)
+    coords = [dims.coordinates(r) for r in range(16)]
+    assert [c["tp"] for c in coords[:4]] == [0, 1, 0, 1]
+    assert [c["cp"] for c in coords[:4]] == [0, 0, 1, 1]
+    assert [c["dp"] for c in coords[:8:2]] == [0, 0, 1, 1] and coords[8]["pp"] == 1
+    # expert-parallel groups are consecutive ranks of the flattened dp x cp group
+    assert [(c["ep"], c["edp"]) for c in coords[:8:2]] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    with pytest.raises(ValueError, match="dp\\*cp"):
+        ParallelDims(dp=1, tp=1, pp=1, ep=4, world_size=2, cp=2)

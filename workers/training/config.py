@@ -97,7 +97,8 @@ class ParallelConfig:
     ep: int = 1
     """Expert-parallel degree: experts sharded over ``ep`` data-parallel ranks, all-to-all dispatch."""
     cp: int = 1
-    """Context-parallel degree (not supported by this runtime yet: must be 1)."""
+    """Context-parallel degree: each sequence split over ``cp`` ranks in ``2*cp`` load-balanced chunks,
+    keys/values all-gathered for attention (Llama 3's all-gather context parallelism)."""
     vpp: int = 1
     """Virtual pipeline stages per rank (interleaved 1F1B)."""
     micro_batch_size: int = 1
@@ -132,10 +133,6 @@ class ParallelConfig:
             zero_stage=zero,
             sequence_parallel=sp,
         )
-        if cfg.cp != 1:
-            raise ConfigError(
-                f"{p}.cp", "context parallelism is not supported by the training runtime yet (use 1)"
-            )
         if (cfg.dp * cfg.cp) % cfg.ep:
             raise ConfigError(f"{p}.ep", f"must divide dp*cp ({cfg.dp * cfg.cp}), got {cfg.ep}")
         if cfg.vpp > 1 and cfg.pp == 1:
@@ -154,8 +151,10 @@ class ParallelConfig:
             extra.append("sp")
         if self.recompute != "none":
             extra.append(f"ac-{self.recompute}")
-        degrees = f"tp{self.tp}-pp{self.pp}-dp{self.dp}-ep{self.ep}" + (
-            f"-vpp{self.vpp}" if self.vpp > 1 else ""
+        degrees = (
+            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-ep{self.ep}"
+            + (f"-cp{self.cp}" if self.cp > 1 else "")
+            + (f"-vpp{self.vpp}" if self.vpp > 1 else "")
         )
         return "-".join([degrees, *extra])
 
@@ -260,6 +259,17 @@ class JobConfig:
             if s.sequence_parallel and m.seq_length % s.tp:
                 raise ConfigError(
                     "strategy.sequence_parallel", f"seq_length must be divisible by tp ({s.tp})"
+                )
+        if s.cp > 1:
+            if m.seq_length % (2 * s.cp):
+                raise ConfigError(
+                    "strategy.cp",
+                    f"2*cp ({2 * s.cp}) must divide seq_length ({m.seq_length}): load-balanced chunks",
+                )
+            if s.sequence_parallel and s.tp > 1 and (m.seq_length // s.cp) % s.tp:
+                raise ConfigError(
+                    "strategy.sequence_parallel",
+                    f"seq_length / cp ({m.seq_length // s.cp}) must be divisible by tp ({s.tp})",
                 )
         if s.pp * s.vpp > m.num_layers:
             raise ConfigError("strategy.pp", f"pp*vpp ({s.pp * s.vpp}) exceeds num_layers ({m.num_layers})")

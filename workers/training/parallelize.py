@@ -4,9 +4,11 @@ Order per model part, as in torchtitan's ``parallelize.py``: pipeline split -> t
 (DTensor ``parallelize_module``) -> expert parallel (all-to-all dispatch) -> activation checkpointing
 (``checkpoint_wrapper``) -> data parallel (DDP for ``zero_stage`` 0, FSDP2 ``fully_shard`` for 1-3).
 
-Rank layout: ``rank = (pp_rank * dp + dp_rank) * tp + tp_rank`` (tensor parallel innermost: the fastest
-links; pipeline outermost). Expert-parallel groups are ``ep`` consecutive data-parallel ranks; the
-``dp / ep`` ranks that hold the same experts form the expert-data-parallel (``edp``) group.
+Rank layout: ``rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank`` (tensor parallel
+innermost: the fastest links; then context parallel; pipeline outermost). Parameters are replicated over
+the ``dp * cp`` ranks of a stage, so DDP/FSDP reduce gradients over that flattened ``dp_cp`` group.
+Expert-parallel groups are ``ep`` consecutive ranks of it; the ``dp * cp / ep`` ranks that hold the same
+experts form the expert-data-parallel (``edp``) group.
 """
 
 from __future__ import annotations
@@ -50,45 +52,67 @@ class ParallelDims:
     pp: int
     ep: int
     world_size: int
+    cp: int = 1
 
     def __post_init__(self):
-        if self.dp * self.tp * self.pp != self.world_size:
+        if self.dp * self.cp * self.tp * self.pp != self.world_size:
             raise ValueError(
-                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.dp * self.tp * self.pp} "
-                f"but the world size is {self.world_size}"
+                f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} = "
+                f"{self.dp * self.cp * self.tp * self.pp} but the world size is {self.world_size}"
             )
-        if self.dp % self.ep:
-            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
+        if self.replicas % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp*cp ({self.replicas})")
+
+    @property
+    def replicas(self) -> int:
+        """Ranks of one stage holding the same (non-expert) parameters: ``dp * cp``."""
+        return self.dp * self.cp
 
     @classmethod
     def from_strategy(cls, s: ParallelConfig, world_size: int) -> ParallelDims:
-        return cls(dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep, world_size=world_size)
+        return cls(dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep, world_size=world_size, cp=s.cp)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        dp_rank = (rank // self.tp) % self.dp
+        dc = (rank // self.tp) % self.replicas  # index in the flattened dp x cp group
         return {
-            "pp": rank // (self.tp * self.dp),
-            "dp": dp_rank,
+            "pp": rank // (self.tp * self.replicas),
+            "dp": dc // self.cp,
+            "cp": dc % self.cp,
             "tp": rank % self.tp,
-            "ep": dp_rank % self.ep,
-            "edp": dp_rank // self.ep,
+            "ep": dc % self.ep,
+            "edp": dc // self.ep,
         }
 
     def build_mesh(self, device_type: str) -> tuple[DeviceMesh, DeviceMesh | None]:
-        """One mesh ``(pp, dp, tp)``; with ``ep > 1`` a second view ``(pp, edp, ep, tp)`` of the same ranks
-        (DeviceMesh cannot split one dim in two after the fact without private APIs)."""
+        """One mesh ``(pp, dp, tp)``, or ``(pp, dp, cp, tp)`` with its ``dp_cp`` flattening when ``cp > 1``;
+        with ``ep > 1`` a second view ``(pp, edp, ep, tp)`` of the same ranks (DeviceMesh cannot split one
+        dim in two after the fact without private APIs)."""
         ranks = torch.arange(self.world_size)
-        mesh = DeviceMesh(
-            device_type, ranks.view(self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp")
-        )
+        if self.cp == 1:
+            mesh = DeviceMesh(
+                device_type, ranks.view(self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp")
+            )
+        else:
+            mesh = DeviceMesh(
+                device_type,
+                ranks.view(self.pp, self.dp, self.cp, self.tp),
+                mesh_dim_names=("pp", "dp", "cp", "tp"),
+            )
+            # DeviceMesh._flatten is private, but it is how torchtitan builds its dp_shard_cp mesh, and FSDP2
+            # with TP needs the data-parallel and TP meshes to share one root (a second DeviceMesh would not)
+            mesh["dp", "cp"]._flatten("dp_cp")
         moe_mesh = None
         if self.ep > 1:
             moe_mesh = DeviceMesh(
                 device_type,
-                ranks.view(self.pp, self.dp // self.ep, self.ep, self.tp),
+                ranks.view(self.pp, self.replicas // self.ep, self.ep, self.tp),
                 mesh_dim_names=("pp", "edp", "ep", "tp"),
             )
         return mesh, moe_mesh
+
+    def replica_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """The 1-D mesh over which gradients are reduced: ``dp``, or ``dp_cp`` with context parallelism."""
+        return mesh["dp"] if self.cp == 1 else mesh["dp_cp"]
 
 
 # ---------------------------------------------------------------------------------------------- pipeline
@@ -273,6 +297,71 @@ def tp_shard_count(param: DTensor) -> int:
     return n
 
 
+# -------------------------------------------------------------------------------------- context parallel
+
+
+def cp_positions(seq_length: int, cp: int, cp_rank: int) -> torch.Tensor:
+    """The token positions of ``cp_rank``: chunks ``r`` and ``2*cp-1-r`` of ``2*cp`` equal chunks, so every
+    rank gets the same share of causal-attention work (Megatron-LM / Llama 3 load balancing)."""
+    chunk = seq_length // (2 * cp)
+    first, second = cp_rank * chunk, (2 * cp - 1 - cp_rank) * chunk
+    return torch.cat([torch.arange(first, first + chunk), torch.arange(second, second + chunk)])
+
+
+class _GatherContext(torch.autograd.Function):
+    """All-gather ``x`` from the ranks of ``group`` onto a new leading dim; the backward sends each rank the
+    gradients of its piece and sums them -- a reduce-scatter, written as ``all_to_all_single`` because gloo
+    has no reduce-scatter (nccl and hccl run it the same way)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x.contiguous(), group=group)
+        return out.view(-1, *x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):  # [cp, b, ...]
+        flat = grad.contiguous().flatten(0, 1)  # block j goes to rank j
+        received = torch.empty_like(flat)
+        dist.all_to_all_single(received, flat, group=ctx.group)
+        return received.view(grad.shape).sum(0), None
+
+
+class ContextParallelAttention:
+    """The attention core of one rank of a context-parallel group: its queries attend to the keys and values
+    of the whole sequence, all-gathered from the group (Llama 3, Dubey et al. 2024, sec. 3.3.2: all-gather
+    context parallelism; simpler than ring attention and as fast where the K/V exchange hides behind the
+    attention math). The causal mask compares true token positions, since ranks hold load-balanced chunks.
+    Installed on each ``Attention`` module in place of its ``core_attention``; the model does not change."""
+
+    def __init__(
+        self, group: dist.ProcessGroup, positions: list[torch.Tensor], cp_rank: int, device: torch.device
+    ):
+        self.group = group
+        keys = torch.cat(positions)  # the gathered order: rank 0's tokens, then rank 1's, ...
+        self.mask = (positions[cp_rank][:, None] >= keys[None, :]).to(device)  # [local queries, all keys]
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        def gather(t):  # [b, h, s_local, d] -> [b, h, cp * s_local, d]
+            g = _GatherContext.apply(t, self.group)
+            return g.permute(1, 2, 0, 3, 4).flatten(2, 3)
+
+        return F.scaled_dot_product_attention(q, gather(k), gather(v), attn_mask=self.mask)
+
+
+def apply_cp(part: Transformer, group: dist.ProcessGroup, seq_length: int, cp: int, cp_rank: int) -> None:
+    """Give every attention layer of ``part`` the context-parallel core and its rotary tables the rows of
+    this rank's positions."""
+    positions = [cp_positions(seq_length, cp, r) for r in range(cp)]
+    device = part.rope_cos.device
+    core = ContextParallelAttention(group, positions, cp_rank, device)
+    mine = positions[cp_rank].to(device)
+    part.rope_cos, part.rope_sin = part.rope_cos[mine], part.rope_sin[mine]
+    for block in part.layers.values():
+        block.attention.core_attention = core
+
+
 # -------------------------------------------------------------------------------- activation checkpointing
 
 
@@ -325,7 +414,7 @@ def resolve_bucket_cap_mb(cfg: JobConfig) -> float | None:
     s = cfg.strategy
     grad_MB = 4 * num_params(cfg.model, active=False) / (s.tp * s.pp) / 1e6  # fp32 grads of one part
     return choose_bucket_cap_mb(
-        cfg.inter_node_GBps, cfg.inter_node_latency_us, world_size=s.dp, grad_MB=grad_MB
+        cfg.inter_node_GBps, cfg.inter_node_latency_us, world_size=s.dp * s.cp, grad_MB=grad_MB
     )
 
 
@@ -418,6 +507,8 @@ class ParallelModel:
     ``comm_stats()`` and the error-feedback ``state_dict()`` a checkpoint must keep."""
     bucket_cap_mb: float | None = None
     """DDP bucket size in use (``None``: DDP's default, 25 MB)."""
+    cp_positions: torch.Tensor | None = None
+    """With context parallelism: the sequence positions this rank trains on."""
 
     @property
     def has_first_stage(self) -> bool:
@@ -439,6 +530,12 @@ class ParallelModel:
         for part in self.raw_parts:
             yield from part.moe_layers().items()
 
+    def shard_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of each sequence ``[b, s] -> [b, s / cp]`` (all of them without CP)."""
+        if self.cp_positions is None:
+            return tokens
+        return tokens[:, self.cp_positions.to(tokens.device)]
+
     def finish_grads(self) -> None:
         """Complete gradients that no data-parallel wrapper reduces: partial sequence-parallel ones and the
         expert-parallel weights."""
@@ -456,14 +553,15 @@ class ParallelModel:
     def sync_expert_grads(self) -> None:
         """Expert weights are excluded from DDP/FSDP: each rank's expert gradient already sums the
         contributions of its whole EP group (the all-to-all backward brings them), so sum over the ranks
-        holding the same experts (``edp``) and divide by ``dp`` to get the data-parallel mean."""
+        holding the same experts (``edp``) and divide by ``dp * cp`` (every rank's loss is the mean over
+        its own tokens) to get the mean over the whole batch."""
         grads = [p.grad for p in self.expert_params if p.grad is not None]
         if not grads:
             return
         if self.edp_group is not None and dist.get_world_size(self.edp_group) > 1:
             _all_reduce_flat(grads, self.edp_group)
         for g in grads:
-            g.div_(self.dims.dp)
+            g.div_(self.dims.replicas)
 
 
 def _all_reduce_flat(tensors: list[torch.Tensor], group: dist.ProcessGroup) -> None:
@@ -484,7 +582,8 @@ def parallelize(
     coords = dims.coordinates(rank)
     mesh, moe_mesh = dims.build_mesh(device.type)
     ep_group = moe_mesh["ep"].get_group() if moe_mesh is not None else None
-    edp_group = moe_mesh["edp"].get_group() if moe_mesh is not None and dims.dp // dims.ep > 1 else None
+    edp_group = moe_mesh["edp"].get_group() if moe_mesh is not None and dims.replicas // dims.ep > 1 else None
+    replica_mesh = dims.replica_mesh(mesh)
 
     if dims.pp > 1:
         stages = pipeline_split(model, coords["pp"], dims.pp, s.vpp)
@@ -496,6 +595,8 @@ def parallelize(
         part.to(device)
         if dims.tp > 1:
             apply_tp(part, mesh["tp"], s.sequence_parallel)
+        if dims.cp > 1:
+            apply_cp(part, mesh["cp"].get_group(), cfg.model.seq_length, dims.cp, coords["cp"])
         if dims.ep > 1:
             ep = ExpertParallel(ep_group)
             for moe in part.moe_layers().values():
@@ -506,18 +607,18 @@ def parallelize(
         if s.recompute != "none":
             apply_ac(part, s.recompute)
         wrapped: nn.Module = part
-        if dims.dp > 1 or s.zero_stage > 0:
+        if dims.replicas > 1 or s.zero_stage > 0:
             if s.zero_stage == 0 and dims.tp == 1:
                 ignored = [n for n, p in part.named_parameters() if is_expert_param(p)]
                 wrapped, comm_state = apply_ddp(
-                    part, mesh["dp"].get_group(), device, ignored, cfg.comm_hook, bucket_cap_mb
+                    part, replica_mesh.get_group(), device, ignored, cfg.comm_hook, bucket_cap_mb
                 )
                 if comm_state is not None:
                     comm_states.append(comm_state)
             elif s.zero_stage == 0:
-                apply_replicate(part, mesh["dp"], set(part_expert_params))
+                apply_replicate(part, replica_mesh, set(part_expert_params))
             else:
-                apply_fsdp(part, mesh["dp"], s.zero_stage, set(part_expert_params))
+                apply_fsdp(part, replica_mesh, s.zero_stage, set(part_expert_params))
         model_parts.append(wrapped)
 
     pm = ParallelModel(
@@ -531,6 +632,7 @@ def parallelize(
         raw_parts=raw_parts,
         comm_states=comm_states,
         bucket_cap_mb=bucket_cap_mb,
+        cp_positions=cp_positions(cfg.model.seq_length, dims.cp, coords["cp"]) if dims.cp > 1 else None,
     )
     if dims.pp > 1:
         num_stages = dims.pp * s.vpp

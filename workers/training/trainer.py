@@ -160,7 +160,7 @@ class Trainer:
     def _grad_sq_local(self) -> torch.Tensor:
         """This rank's share of the squared global gradient norm: each gradient piece divided by the number
         of ranks holding an identical copy, so that one SUM all-reduce over the world gives the total."""
-        dp, tp = self.pm.dims.dp, self.pm.dims.tp
+        dp, tp = self.pm.dims.replicas, self.pm.dims.tp  # dp * cp ranks hold the same parameters
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.pm.parameters():
             if p.grad is None:
@@ -191,6 +191,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         inputs, labels = inputs.to(self.device), labels.to(self.device)
+        inputs, labels = pm.shard_sequence(inputs), pm.shard_sequence(labels)
         local_loss = self._forward_backward(inputs, labels)
         comm = self._comm_figures()
         pm.finish_grads()
