@@ -162,6 +162,27 @@ def ensure_redis(env: dict) -> subprocess.Popen | None:
     return proc
 
 
+def fail_orphaned_jobs(py: str, env: dict) -> None:
+    """Jobs this machine's worker was supervising died with it: mark them failed (relaunchable) now."""
+    try:
+        subprocess.run(
+            [
+                py,
+                "manage.py",
+                "reap_orphans",
+                "--reason",
+                "cann-train (make run) was stopped while this job ran, and its training processes with it. "
+                "Relaunch to run it again.",
+            ],
+            cwd=ROOT,
+            env=env,
+            timeout=30,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        print("cann-train: could not settle running jobs (the next start will)", file=sys.stderr)
+
+
 def run(host: str, port: int, concurrency: int) -> int:
     if not port_is_free(host, port):
         sys.exit(
@@ -209,7 +230,11 @@ def run(host: str, port: int, concurrency: int) -> int:
         )
         return 1
     finally:
-        stop(list(reversed(procs)))
+        stop([p for p in reversed(procs) if p is not embedded])
+        if len(procs) > (1 if embedded else 0):  # the worker ran: fail the jobs it was supervising now,
+            fail_orphaned_jobs(py, env)  # not ~20 s after the next start (needs Redis: stopped after)
+        if embedded:
+            stop([embedded])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ import os
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
@@ -255,18 +256,27 @@ def record_measurement(*, job: TrainingJob) -> None:
     plan_record_measurement(plan=job.source_plan, measured=measured, source=f"job/{job.pk}")
 
 
-def reap_orphans(*, now=None) -> list[int]:
-    """Fail jobs whose supervising worker stopped sending heartbeats (it died): they stay visible and can
-    be relaunched, instead of sitting "running" forever. Returns the ids it failed."""
+def reap_orphans(
+    *, now=None, stale_after: timedelta | None = None, node_name: str | None = None, human: str | None = None
+) -> list[int]:
+    """Fail jobs whose supervising worker stopped sending heartbeats (it died or was stopped): they stay
+    visible and can be relaunched, instead of sitting "running" forever. ``node_name`` limits it to jobs
+    with a running node of that name (``make run`` stopping its own worker); ``stale_after`` defaults to
+    ``HEARTBEAT_TIMEOUT``. Returns the ids it failed."""
     now = now or timezone.now()
     stale = TrainingJob.objects.filter(
-        state__in=TrainingJob.ACTIVE_STATES, heartbeat_at__lt=now - HEARTBEAT_TIMEOUT
+        state__in=TrainingJob.ACTIVE_STATES, heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT)
     )
+    if node_name is not None:
+        stale = stale.filter(
+            nodes__attempt=F("attempts"), nodes__node_name=node_name, nodes__state=JobState.RUNNING
+        ).distinct()
     failed = []
     for job in stale:
         job_fail(
             job_id=job.pk,
-            human=(
+            human=human
+            or (
                 f"The Celery worker supervising this job stopped answering (last heartbeat "
                 f"{job.heartbeat_at:%H:%M:%S} UTC); its training processes were stopped with it. Relaunch to run it again."
             ),
@@ -274,3 +284,13 @@ def reap_orphans(*, now=None) -> list[int]:
         )
         failed.append(job.pk)
     return failed
+
+
+def running_on_node(node_name: str) -> bool:
+    """Whether a job still has a running node of that name (its supervisor may be alive or just gone)."""
+    return TrainingJob.objects.filter(
+        state__in=TrainingJob.ACTIVE_STATES,
+        nodes__attempt=F("attempts"),
+        nodes__node_name=node_name,
+        nodes__state=JobState.RUNNING,
+    ).exists()

@@ -1,0 +1,59 @@
+"""Jobs whose supervisor is gone are failed (relaunchable), and `make run` settles its own at once."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def running_job(team, node: str, heartbeat_age_s: float):
+    from controlplane.common.models import JobState
+    from controlplane.jobs.models import JobNode, TrainingJob
+
+    beat = timezone.now() - timedelta(seconds=heartbeat_age_s)
+    job = TrainingJob.objects.create(
+        team=team, name=f"on {node}", state=JobState.RUNNING, attempts=2, heartbeat_at=beat, started_at=beat
+    )
+    JobNode.objects.create(job=job, attempt=1, node_rank=0, node_name="old-host", state=JobState.FAILED)
+    JobNode.objects.create(job=job, attempt=2, node_rank=0, node_name=node, state=JobState.RUNNING)
+    return job
+
+
+def test_stopping_a_node_fails_only_the_jobs_it_supervised(make_member):
+    from controlplane.jobs.models import TrainingJob
+
+    team = make_member("alice", "Team A").teams.first()
+    gone = running_job(team, "here", heartbeat_age_s=30)
+    last_beat_just_now = running_job(team, "here", heartbeat_age_s=1)
+    elsewhere = running_job(team, "elsewhere", heartbeat_age_s=30)
+
+    t0 = time.monotonic()
+    call_command("reap_orphans", node="here", stale_after=2.0, reason="make run was stopped; relaunch it.")
+    waited = time.monotonic() - t0
+
+    states = {j.pk: (j.state, j.human_readable_error) for j in TrainingJob.objects.all()}
+    assert states[gone.pk] == ("failed", "make run was stopped; relaunch it.")
+    # its supervisor had beaten 1 s before: the command waited for that beat to age, then failed it too
+    assert states[last_beat_just_now.pk][0] == "failed" and 0.5 < waited < 10
+    # a job supervised on another node is not this node's to settle
+    assert states[elsewhere.pk] == ("running", "")
+    assert gone.nodes.get(attempt=2).state == "failed" and gone.nodes.get(attempt=1).state == "failed"
+
+
+def test_the_relay_reaper_fails_any_silent_job_after_the_timeout(make_member):
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.jobs.services import HEARTBEAT_TIMEOUT, reap_orphans
+
+    team = make_member("bob", "Team B").teams.first()
+    silent = running_job(team, "anywhere", heartbeat_age_s=HEARTBEAT_TIMEOUT.total_seconds() + 5)
+    alive = running_job(team, "anywhere", heartbeat_age_s=1)
+    assert reap_orphans() == [silent.pk]
+    silent = TrainingJob.objects.get(pk=silent.pk)
+    assert silent.state == "failed" and "stopped answering" in silent.human_readable_error
+    assert TrainingJob.objects.get(pk=alive.pk).state == "running"
