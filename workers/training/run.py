@@ -31,11 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(cfg, rank=rank, world_size=world_size, local_rank=local_rank)
     try:
         summary = trainer.train()
-    finally:
-        trainer.close()
-    if rank == 0 and args.summary:
+    except BaseException:
+        trainer.close(succeeded=False)
+        raise
+    if rank == 0 and args.summary:  # before the teardown: the results are out whatever happens there
         with open(args.summary, "w") as f:
             json.dump(summary, f)
+    trainer.close()
     return 0
 
 

@@ -8,8 +8,11 @@ data order)."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import math
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -434,14 +437,62 @@ class Trainer:
         for st, hook_state in zip(self.pm.comm_states, hook_states or [], strict=True):
             st.load_state_dict(hook_state)
 
-    def close(self) -> None:
+    def close(self, *, succeeded: bool = True) -> None:
+        """Stop the publisher and hook threads and tear the process groups down -- after a failure only the
+        threads: a rank that raised may leave others inside a collective, and destroying groups then
+        deadlocks (torchtitan#1342); torchrun stops the other ranks anyway."""
         self.publisher.close()
         for st in self.pm.comm_states:
             close = getattr(st, "close", None)
             if close is not None:
                 close()  # worker threads of powerSGD / hierarchical
-        if dist.is_initialized():
+        if not (succeeded and dist.is_initialized()):
+            return
+        # Training is over and its results are out: a teardown that hangs must not hold the job forever.
+        watchdog = threading.Timer(TEARDOWN_TIMEOUT_S, abandon_teardown, args=(self.rank,))
+        watchdog.daemon = True
+        watchdog.start()
+        faulthandler.dump_traceback_later(TEARDOWN_TIMEOUT_S + 10, exit=True)  # if no Python thread can run
+        try:
+            store = dist.distributed_c10d._get_default_store() if self.world_size > 1 else None
+            if store is not None:
+                dist.barrier()  # every rank is done with its collectives before any group goes away
             dist.destroy_process_group()
+            if store is not None:
+                exit_barrier(store, self.rank, self.world_size)
+        finally:
+            watchdog.cancel()
+            faulthandler.cancel_dump_traceback_later()
+
+
+TEARDOWN_TIMEOUT_S = 60.0
+
+
+def abandon_teardown(rank: int) -> None:
+    """The watchdog of :meth:`Trainer.close`: say so, leave every thread's traceback in the log, exit 0."""
+    print(
+        f"rank {rank}: process-group teardown did not finish {TEARDOWN_TIMEOUT_S:.0f} s after training ended; "
+        "exiting anyway (the run's results are already written). Where it hung:",
+        file=sys.stderr,
+        flush=True,
+    )
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(0)
+
+
+def exit_barrier(store, rank: int, world_size: int, timeout_s: float = TEARDOWN_TIMEOUT_S / 2) -> None:
+    """Rank 0 leaves last. Its process hosts the TCPStore (torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+    that every rank's groups were built on; a rank still tearing down when it vanishes can wait on it for
+    good (a rare hang seen here: rank 0 had exited, rank 1 never did). Each rank counts itself out on the
+    store (``_get_default_store`` is private, but it is the store init_process_group made) and rank 0
+    waits for all of them, as Paddle's store barrier does (PaddlePaddle/Paddle#44964)."""
+    key = "cann_train/exited"
+    store.add(key, 1)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def env_rank() -> tuple[int, int, int]:
