@@ -390,10 +390,30 @@ def apply_ac(part: Transformer, mode: str) -> None:
 # -------------------------------------------------------------------------------------------- data parallel
 
 
-def apply_fsdp(part: Transformer, dp_mesh: DeviceMesh, zero_stage: int, ignored: set[nn.Parameter]) -> None:
+def apply_fsdp(
+    part: Transformer,
+    dp_mesh: DeviceMesh,
+    zero_stage: int,
+    ignored: set[nn.Parameter],
+    expert_mesh: DeviceMesh | None = None,
+    replicas: int = 1,
+) -> None:
     """FSDP2 per block then the root (torchtitan ``apply_fsdp``). ZeRO-1/2 keep parameters gathered
-    between forward and backward (``reshard_after_forward=False``); ZeRO-3 reshards after forward."""
+    between forward and backward (``reshard_after_forward=False``); ZeRO-3 reshards after forward.
+
+    With ``expert_mesh`` (the ``edp`` ranks holding the same experts) each layer's experts are sharded over
+    it first, as torchtitan does on its ``dp_mod_ep`` mesh; their gradients are summed over it and divided
+    by ``replicas`` (= dp*cp: every rank's loss is the mean over its own tokens, and the all-to-all backward
+    already summed its EP group). Without it, expert weights stay whole (``ignored``)."""
     reshard = zero_stage >= 3
+    if expert_mesh is not None:
+        for moe in part.moe_layers().values():
+            fully_shard(moe.experts, mesh=expert_mesh, reshard_after_forward=reshard)
+            moe.experts.set_gradient_divide_factor(float(replicas))
+            moe.experts.set_force_sum_reduction_for_comms(True)  # a custom factor is PREMUL_SUM: not on gloo
+            for param in moe.experts.parameters():  # FSDP made new Parameters: mark them again
+                param.is_expert_parallel = True
+        ignored = set()  # a nested fully_shard module's parameters are its own
     kwargs = {"mesh": dp_mesh, "reshard_after_forward": reshard}
     for block in part.layers.values():
         block_ignored = {p for p in block.parameters() if p in ignored}
@@ -551,7 +571,8 @@ class ParallelModel:
                 p.grad = g.redistribute(g.device_mesh, p.placements)
 
     def sync_expert_grads(self) -> None:
-        """Expert weights are excluded from DDP/FSDP: each rank's expert gradient already sums the
+        """Expert weights no data-parallel wrapper reduces (DDP, ZeRO-0, or FSDP with a single rank per
+        expert set): each rank's expert gradient already sums the
         contributions of its whole EP group (the all-to-all backward brings them), so sum over the ranks
         holding the same experts (``edp``) and divide by ``dp * cp`` (every rank's loss is the mean over
         its own tokens) to get the mean over the whole batch."""
@@ -618,7 +639,17 @@ def parallelize(
             elif s.zero_stage == 0:
                 apply_replicate(part, replica_mesh, set(part_expert_params))
             else:
-                apply_fsdp(part, replica_mesh, s.zero_stage, set(part_expert_params))
+                shard_experts = edp_group is not None  # experts held by more than one rank
+                apply_fsdp(
+                    part,
+                    replica_mesh,
+                    s.zero_stage,
+                    set(part_expert_params),
+                    expert_mesh=moe_mesh["edp"] if shard_experts else None,
+                    replicas=dims.replicas,
+                )
+                if shard_experts:  # FSDP reduces these now, not sync_expert_grads
+                    expert_params = [p for p in expert_params if p not in set(part_expert_params)]
         model_parts.append(wrapped)
 
     pm = ParallelModel(

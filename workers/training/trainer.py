@@ -82,21 +82,30 @@ class Trainer:
         model.init_weights(cfg.seed)
         self.pm: ParallelModel = parallelize(model, cfg, self.device, world_size, rank)
         params = list(self.pm.parameters())
-        mixed = any(isinstance(p, DTensor) for p in params) and not all(
-            isinstance(p, DTensor) for p in params
-        )
+        # Expert weights in a group of their own: sharded on another mesh (edp) than the rest, or plain
+        # tensors beside DTensors; a foreach step cannot mix either. Each group is homogeneous.
+        groups = [
+            {"params": group, "foreach": not _mixes_dtensors(group)}
+            for group in (
+                [p for p in params if not is_expert_param(p)],
+                [p for p in params if is_expert_param(p)],
+            )
+            if group
+        ]
         if cfg.training.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, foreach=not mixed)
+            self.optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9)
         else:  # adam / adamw: torch's AdamW (decoupled weight decay; identical to Adam when it is 0)
             # torch's fused kernel (CPU and CUDA) where every parameter is a plain tensor: one pass over the
             # parameters instead of ~10 foreach ops, which matters where ranks share few CPU cores
             fused = self.device.type in ("cpu", "cuda") and not any(isinstance(p, DTensor) for p in params)
+            if fused:
+                groups = [{"params": g["params"]} for g in groups]
             self.optimizer = torch.optim.AdamW(
-                params,
+                groups,
                 lr=cfg.lr,
                 betas=(0.9, 0.95),
                 weight_decay=cfg.weight_decay,
-                **({"fused": True} if fused else {"foreach": not mixed}),
+                **({"fused": True} if fused else {}),
             )
         self.step = cfg.start_step
         self.loader = ShardedTokenLoader(
@@ -169,13 +178,12 @@ class Trainer:
             if p.grad is None:
                 continue
             g = p.grad
+            # ranks holding this exact piece: experts are whole on the dp*cp/ep ranks of an EP slot (x tp),
+            # everything else on all dp*cp (x tp); FSDP/TP shards divide that by their piece count
+            copies = ((dp // self.pm.dims.ep) if is_expert_param(p) else dp) * tp
             if isinstance(g, DTensor):
-                copies = dp * tp // tp_shard_count(g)
+                copies //= tp_shard_count(g)
                 g = g.to_local()
-            elif is_expert_param(p):
-                copies = (dp // self.pm.dims.ep) * tp
-            else:
-                copies = dp * tp
             # the norm in float64 without materialising a float64 copy of the gradient
             total += torch.linalg.vector_norm(g.detach(), dtype=torch.float64).square() / copies
         return total
@@ -380,6 +388,11 @@ class Trainer:
                 self.pm.dims.pp, self.cfg.strategy.vpp, self.cfg.num_microbatches
             ),
             "memory_GiB": round(device_mod.max_memory_GiB(self.device.type), 4),
+            # the weights this rank holds (its TP/FSDP/EP pieces), against the model's total
+            "parameters_rank0": sum(
+                (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.pm.parameters()
+            ),
+            "parameters_total": num_params(self.cfg.model, active=False),
         }
         if self.last_split is not None:
             out["compute_s"], out["comm_s"] = self.last_split.compute_s, self.last_split.comm_s
@@ -466,6 +479,11 @@ class Trainer:
 
 
 TEARDOWN_TIMEOUT_S = 60.0
+
+
+def _mixes_dtensors(params: list[torch.Tensor]) -> bool:
+    kinds = {isinstance(p, DTensor) for p in params}
+    return len(kinds) > 1
 
 
 def abandon_teardown(rank: int) -> None:
