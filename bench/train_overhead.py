@@ -4,7 +4,8 @@
    alternated A/B/A/B. Reports the time the training thread spends building and handing over the events
    (the direct cost, target <= 2% of step time) and the step-time difference between the two (includes the background
    publisher thread competing for the CPU; noisy on a shared machine).
-2. Throughput: tokens/s of one process against 2 and 4 data-parallel ranks (same global batch, gloo on
+2. Throughput: tokens/s of one process against 2 and 4 data-parallel ranks, expert parallel over data or
+   context-parallel ranks (same global batch, gloo on
    this machine's CPUs; with fewer cores than ranks, more ranks is slower, and the figure says so).
 
     .venv/bin/python bench/train_overhead.py [--steps 40] [--redis-url redis://127.0.0.1:6379/0] [--skip-scaling]
@@ -104,6 +105,7 @@ def scaling(steps: int) -> list[dict]:
         ("1 rank", {"micro_batch_size": 4}),
         ("2 ranks dp2", {"dp": 2, "micro_batch_size": 4}),
         ("2 ranks dp2 ep2", {"dp": 2, "ep": 2, "micro_batch_size": 4}),
+        ("2 ranks cp2 ep2", {"cp": 2, "ep": 2, "micro_batch_size": 8}),
         ("4 ranks dp4", {"dp": 4, "micro_batch_size": 2}),
     ):
         cfg = make_config(strategy, steps)
