@@ -268,9 +268,7 @@ def reap_orphans(
         state__in=TrainingJob.ACTIVE_STATES, heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT)
     )
     if node_name is not None:
-        stale = stale.filter(
-            nodes__attempt=F("attempts"), nodes__node_name=node_name, nodes__state=JobState.RUNNING
-        ).distinct()
+        stale = _with_running_node(stale, node_name)
     failed = []
     for job in stale:
         job_fail(
@@ -288,9 +286,13 @@ def reap_orphans(
 
 def running_on_node(node_name: str) -> bool:
     """Whether a job still has a running node of that name (its supervisor may be alive or just gone)."""
-    return TrainingJob.objects.filter(
-        state__in=TrainingJob.ACTIVE_STATES,
-        nodes__attempt=F("attempts"),
-        nodes__node_name=node_name,
-        nodes__state=JobState.RUNNING,
+    return _with_running_node(
+        TrainingJob.objects.filter(state__in=TrainingJob.ACTIVE_STATES), node_name
     ).exists()
+
+
+def _with_running_node(jobs, node_name: str):
+    """The jobs whose current attempt has a running node called ``node_name``."""
+    return jobs.filter(
+        nodes__attempt=F("attempts"), nodes__node_name=node_name, nodes__state=JobState.RUNNING
+    ).distinct()

@@ -331,8 +331,9 @@ class _GatherContext(torch.autograd.Function):
 class ContextParallelAttention:
     """The attention core of one rank of a context-parallel group: its queries attend to the keys and values
     of the whole sequence, all-gathered from the group (Llama 3, Dubey et al. 2024, sec. 3.3.2: all-gather
-    context parallelism; simpler than ring attention and as fast where the K/V exchange hides behind the
-    attention math). The causal mask compares true token positions, since ranks hold load-balanced chunks.
+    context parallelism, chosen there over ring attention for its flexibility with GQA and masks; the K/V
+    exchange is small next to the attention math at long sequences, and is not overlapped here). The
+    causal mask compares true token positions, since ranks hold load-balanced chunks.
     Installed on each ``Attention`` module in place of its ``core_attention``; the model does not change."""
 
     def __init__(
@@ -649,7 +650,8 @@ def parallelize(
                     replicas=dims.replicas,
                 )
                 if shard_experts:  # FSDP reduces these now, not sync_expert_grads
-                    expert_params = [p for p in expert_params if p not in set(part_expert_params)]
+                    handed_over = set(part_expert_params)
+                    expert_params = [p for p in expert_params if p not in handed_over]
         model_parts.append(wrapped)
 
     pm = ParallelModel(
