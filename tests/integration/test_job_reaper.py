@@ -1,4 +1,7 @@
-"""Jobs whose supervisor is gone are failed (relaunchable), and `make run` settles its own at once."""
+"""Jobs whose supervisor is gone are failed (relaunchable), and `make run` settles its own at once.
+
+The session's live stack may be up, and its relay reaps jobs silent for ``HEARTBEAT_TIMEOUT`` (20 s) in this
+same database: every heartbeat here is younger than that, so only the reaping under test can touch them."""
 
 from __future__ import annotations
 
@@ -29,9 +32,9 @@ def test_stopping_a_node_fails_only_the_jobs_it_supervised(make_member):
     from controlplane.jobs.models import TrainingJob
 
     team = make_member("alice", "Team A").teams.first()
-    gone = running_job(team, "here", heartbeat_age_s=30)
+    gone = running_job(team, "here", heartbeat_age_s=6)
     last_beat_just_now = running_job(team, "here", heartbeat_age_s=1)
-    elsewhere = running_job(team, "elsewhere", heartbeat_age_s=30)
+    elsewhere = running_job(team, "elsewhere", heartbeat_age_s=6)
 
     t0 = time.monotonic()
     call_command("reap_orphans", node="here", stale_after=2.0, reason="make run was stopped; relaunch it.")
@@ -46,14 +49,14 @@ def test_stopping_a_node_fails_only_the_jobs_it_supervised(make_member):
     assert gone.nodes.get(attempt=2).state == "failed" and gone.nodes.get(attempt=1).state == "failed"
 
 
-def test_the_relay_reaper_fails_any_silent_job_after_the_timeout(make_member):
+def test_the_reaper_fails_any_silent_job_whatever_its_node(make_member):
     from controlplane.jobs.models import TrainingJob
-    from controlplane.jobs.services import HEARTBEAT_TIMEOUT, reap_orphans
+    from controlplane.jobs.services import reap_orphans
 
     team = make_member("bob", "Team B").teams.first()
-    silent = running_job(team, "anywhere", heartbeat_age_s=HEARTBEAT_TIMEOUT.total_seconds() + 5)
+    silent = running_job(team, "anywhere", heartbeat_age_s=6)
     alive = running_job(team, "anywhere", heartbeat_age_s=1)
-    assert reap_orphans() == [silent.pk]
+    assert reap_orphans(stale_after=timedelta(seconds=4)) == [silent.pk]
     silent = TrainingJob.objects.get(pk=silent.pk)
     assert silent.state == "failed" and "stopped answering" in silent.human_readable_error
     assert TrainingJob.objects.get(pk=alive.pk).state == "running"
