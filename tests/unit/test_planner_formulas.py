@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from workers.planner import ClusterSpec, CostModel, Layouts, ModelSpec, Strategy, TrainingConfig
+from tests.unit.planner_helpers import a100_cluster, full_strategy
+from workers.planner import ClusterSpec, CostModel, Layouts, ModelSpec, TrainingConfig
 from workers.planner.costmodel import all_reduce_time, group_links
 from workers.planner.hardware import efficiency_for
 
@@ -19,20 +20,7 @@ GPT3 = {
     "activation": "gelu",
     "moe": None,
 }
-A100_NODE = {
-    "name": "dgx",
-    "num_nodes": 8,
-    "devices_per_node": 8,
-    "device": {
-        "name": "A100-SXM4-80GB",
-        "peak_tflops": {"bf16": 312},
-        "memory_GiB": 80,
-        "memory_bandwidth_GBps": 2039,
-    },
-    "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
-    "inter_node": {"kind": "ib", "bandwidth_GBps": 25, "latency_us": 5},
-    "tiers": [{"name": "leaf", "nodes": 4, "oversubscription": 2.0}, {"name": "spine", "nodes": 8}],
-}
+A100_NODE = a100_cluster(8, 8, tiers=(("leaf", 4), ("spine", 8)), oversubscription=2.0, name="dgx")
 
 
 def cost_model(model=GPT3, cluster=A100_NODE, gbs=64):
@@ -42,20 +30,7 @@ def cost_model(model=GPT3, cluster=A100_NODE, gbs=64):
 
 
 def layouts(**kw):
-    base = dict(
-        tp=8,
-        pp=1,
-        dp=8,
-        ep=1,
-        cp=1,
-        vpp=1,
-        micro_batch_size=1,
-        recompute="none",
-        zero_stage=0,
-        sequence_parallel=False,
-    )
-    base.update(kw)
-    return Layouts.from_strategies([Strategy(**base)])
+    return Layouts.from_strategies([full_strategy(**{"tp": 8, "dp": 8, **kw})])
 
 
 def test_model_flops_match_megatron_formula():

@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.unit.planner_helpers import a100_cluster
 from workers.planner import (
     ClusterSpec,
     CostModel,
@@ -40,20 +41,14 @@ def dense_model(layers, heads, head_dim, seq):
 
 def cluster(nodes, per_node=8, memory=80):
     return ClusterSpec.from_dict(
-        {
-            "name": "c",
-            "num_nodes": nodes,
-            "devices_per_node": per_node,
-            "device": {
-                "name": "A100-SXM4-80GB",
-                "peak_tflops": {"bf16": 312},
-                "memory_GiB": memory,
-                "memory_bandwidth_GBps": 2039,
-            },
-            "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
-            "inter_node": {"kind": "ib", "bandwidth_GBps": 25, "latency_us": 5},
-            "tiers": [{"name": "leaf", "nodes": 4, "oversubscription": 2.0}, {"name": "spine", "nodes": 64}],
-        }
+        a100_cluster(
+            nodes,
+            per_node,
+            memory_GiB=memory,
+            tiers=(("leaf", 4), ("spine", 64)),
+            oversubscription=2.0,
+            name="c",
+        )
     )
 
 

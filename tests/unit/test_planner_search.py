@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.planner_helpers import full_strategy
 from workers.planner import (
     ClusterSpec,
     ModelSpec,
@@ -97,18 +98,7 @@ def test_evaluate_rejects_an_invalid_layout_naming_the_field(gpt3):
     with pytest.raises(SpecError) as exc:
         evaluate(
             *gpt3,
-            Strategy(
-                tp=5,
-                pp=8,
-                dp=16,
-                ep=1,
-                cp=1,
-                vpp=1,
-                micro_batch_size=1,
-                recompute="full",
-                zero_stage=1,
-                sequence_parallel=True,
-            ),
+            full_strategy(tp=5, pp=8, dp=16, recompute="full", zero_stage=1, sequence_parallel=True),
         )
     assert "strategy.tp" in exc.value.errors and "strategy.dp" in exc.value.errors
 

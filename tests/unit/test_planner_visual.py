@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.planner import ClusterSpec, ModelSpec, Strategy, TrainingConfig, evaluate
+from tests.unit.planner_helpers import a100_cluster, full_strategy
+from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, evaluate
 from workers.planner.visual import (
     SCHEDULE_BLOCK_CAP,
     drawn_micro_batches,
@@ -25,40 +26,10 @@ CONTRACTS = next(
 
 
 def cluster(num_nodes, devices_per_node, tiers=(), oversubscription=1.0):
-    return {
-        "name": "toy",
-        "num_nodes": num_nodes,
-        "devices_per_node": devices_per_node,
-        "device": {
-            "name": "A100-SXM4-80GB",
-            "peak_tflops": {"bf16": 312},
-            "memory_GiB": 80,
-            "memory_bandwidth_GBps": 2039,
-        },
-        "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 300, "latency_us": 3},
-        "inter_node": {"kind": "ib", "bandwidth_GBps": 25, "latency_us": 5},
-        "tiers": [
-            {"name": name, "nodes": nodes, "oversubscription": oversubscription if i == 0 else 1.0}
-            for i, (name, nodes) in enumerate(tiers)
-        ],
-    }
+    return a100_cluster(num_nodes, devices_per_node, tiers=tuple(tiers), oversubscription=oversubscription)
 
 
-def strategy(**kw):
-    base = dict(
-        tp=1,
-        pp=1,
-        dp=1,
-        ep=1,
-        cp=1,
-        vpp=1,
-        micro_batch_size=1,
-        recompute="none",
-        zero_stage=0,
-        sequence_parallel=False,
-    )
-    base.update(kw)
-    return Strategy(**base)
+strategy = full_strategy
 
 
 def ops(blocks, stage):
