@@ -351,9 +351,11 @@ class ContextParallelAttention:
         return F.scaled_dot_product_attention(q, gather(k), gather(v), attn_mask=self.mask)
 
 
-def apply_cp(part: Transformer, group: dist.ProcessGroup, seq_length: int, cp: int, cp_rank: int) -> None:
+def apply_cp(
+    part: Transformer, group: dist.ProcessGroup, seq_length: int, cp: int, cp_rank: int
+) -> torch.Tensor:
     """Give every attention layer of ``part`` the context-parallel core and its rotary tables the rows of
-    this rank's positions."""
+    this rank's positions; returns those positions (on the part's device)."""
     positions = [cp_positions(seq_length, cp, r) for r in range(cp)]
     device = part.rope_cos.device
     core = ContextParallelAttention(group, positions, cp_rank, device)
@@ -361,6 +363,7 @@ def apply_cp(part: Transformer, group: dist.ProcessGroup, seq_length: int, cp: i
     part.rope_cos, part.rope_sin = part.rope_cos[mine], part.rope_sin[mine]
     for block in part.layers.values():
         block.attention.core_attention = core
+    return mine
 
 
 # -------------------------------------------------------------------------------- activation checkpointing
@@ -529,7 +532,7 @@ class ParallelModel:
     bucket_cap_mb: float | None = None
     """DDP bucket size in use (``None``: DDP's default, 25 MB)."""
     cp_positions: torch.Tensor | None = None
-    """With context parallelism: the sequence positions this rank trains on."""
+    """With context parallelism: the sequence positions this rank trains on (on its device)."""
 
     @property
     def has_first_stage(self) -> bool:
@@ -555,7 +558,7 @@ class ParallelModel:
         """This rank's tokens of each sequence ``[b, s] -> [b, s / cp]`` (all of them without CP)."""
         if self.cp_positions is None:
             return tokens
-        return tokens[:, self.cp_positions.to(tokens.device)]
+        return tokens[:, self.cp_positions]
 
     def finish_grads(self) -> None:
         """Complete gradients that no data-parallel wrapper reduces: partial sequence-parallel ones and the
@@ -612,13 +615,14 @@ def parallelize(
     else:
         stages = [(0, model)]
     model_parts, raw_parts, expert_params, comm_states = [], [], [], []
+    positions = None  # this rank's token positions with context parallelism (the same for every stage)
     bucket_cap_mb = resolve_bucket_cap_mb(cfg)
     for _stage_index, part in stages:
         part.to(device)
         if dims.tp > 1:
             apply_tp(part, mesh["tp"], s.sequence_parallel)
         if dims.cp > 1:
-            apply_cp(part, mesh["cp"].get_group(), cfg.model.seq_length, dims.cp, coords["cp"])
+            positions = apply_cp(part, mesh["cp"].get_group(), cfg.model.seq_length, dims.cp, coords["cp"])
         if dims.ep > 1:
             ep = ExpertParallel(ep_group)
             for moe in part.moe_layers().values():
@@ -665,7 +669,7 @@ def parallelize(
         raw_parts=raw_parts,
         comm_states=comm_states,
         bucket_cap_mb=bucket_cap_mb,
-        cp_positions=cp_positions(cfg.model.seq_length, dims.cp, coords["cp"]) if dims.cp > 1 else None,
+        cp_positions=positions,
     )
     if dims.pp > 1:
         num_stages = dims.pp * s.vpp
