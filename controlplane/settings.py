@@ -65,7 +65,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "controlplane.common",  # abstract models, the health and probe tasks
     "controlplane.accounts",
+    "controlplane.dashboard",
     "controlplane.clusters",
     "controlplane.planning",
     "controlplane.jobs",
@@ -131,10 +133,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_QUEUES_NAMES = ("default", "planning", "training")
 CELERY_TASK_ROUTES = {
-    "workers.tasks.planning.*": {"queue": "planning"},
-    "workers.tasks.training.*": {"queue": "training"},
+    "controlplane.planning.tasks.*": {"queue": "planning"},
+    "controlplane.jobs.tasks.*": {"queue": "training"},
 }
 CELERY_RESULT_EXPIRES = 3600
 # state lives in our own rows (StrategySearch, TrainingJob); tasks that a caller really waits on say so

@@ -104,7 +104,7 @@ def worker_command(
         "-m",
         "celery",
         "-A",
-        "workers.celery",
+        "controlplane",
         "worker",
         "-Q",
         queues,
@@ -123,22 +123,10 @@ def worker_command(
 
 
 def stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+    """Stop each child's process group (the engine's supervisor logic: SIGTERM, then SIGKILL)."""
+    from workers.training.supervisor import stop_groups
+
+    stop_groups(procs, timeout)
 
 
 def ensure_redis(env: dict) -> subprocess.Popen | None:

@@ -6,10 +6,11 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from controlplane.accounts import views as account_views
 from controlplane.accounts.apis import MeApi, TokenListCreateApi, TokenRevokeApi
 from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
-from controlplane.common import views
 from controlplane.common.health import healthz
+from controlplane.dashboard.views import dashboard
 from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
 
@@ -34,11 +35,11 @@ api = [
 ]
 
 urlpatterns = [
-    path("", views.dashboard, name="dashboard"),
+    path("", dashboard, name="dashboard"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("tokens/", views.tokens, name="tokens"),
-    path("tokens/<int:pk>/revoke/", views.token_revoke_view, name="token-revoke"),
+    path("tokens/", account_views.tokens, name="tokens"),
+    path("tokens/<int:pk>/revoke/", account_views.token_revoke_view, name="token-revoke"),
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
     path("healthz", healthz, name="healthz"),

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.accounts.models import ApiToken
-from controlplane.accounts.selectors import teams_of
+from controlplane.accounts.selectors import teams_of, tokens_of
 from controlplane.accounts.services import token_issue, token_revoke
 
 
@@ -47,7 +47,7 @@ class TokenListCreateApi(APIView):
 
     @extend_schema(responses=TokenOutput(many=True))
     def get(self, request):
-        return Response(TokenOutput(ApiToken.objects.filter(user=request.user), many=True).data)
+        return Response(TokenOutput(tokens_of(request.user), many=True).data)
 
     @extend_schema(request=InputSerializer, responses={201: CreatedSerializer})
     def post(self, request):
@@ -61,5 +61,5 @@ class TokenListCreateApi(APIView):
 class TokenRevokeApi(APIView):
     @extend_schema(request=None, responses={204: None})
     def delete(self, request, pk: int):
-        token_revoke(token=get_object_or_404(ApiToken, pk=pk, user=request.user))
+        token_revoke(token=get_object_or_404(tokens_of(request.user), pk=pk))
         return Response(status=status.HTTP_204_NO_CONTENT)

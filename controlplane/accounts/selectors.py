@@ -1,4 +1,4 @@
-"""Reads for accounts: which teams a user may see."""
+"""Reads for accounts: which teams a user may see, and the user's API tokens."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ def teams_of(user) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user)
 
 
-def team_ids_of(user) -> list[int]:
-    return list(teams_of(user).values_list("id", flat=True))
-
-
 def scoped(queryset: QuerySet, user) -> QuerySet:
     """Only the objects of the user's teams. Superusers are not special here: the API is team-scoped."""
     return queryset.filter(team_id__in=teams_of(user).values("id"))
 
 
-def active_tokens_of(user) -> QuerySet[ApiToken]:
-    return ApiToken.objects.filter(user=user, revoked_at__isnull=True)
+def tokens_of(user) -> QuerySet[ApiToken]:
+    """The user's API tokens, revoked ones included (the tokens page and API show when each was revoked)."""
+    return ApiToken.objects.filter(user=user)
+
+
+def token_of(user, pk: int) -> ApiToken | None:
+    return tokens_of(user).filter(pk=pk).first()

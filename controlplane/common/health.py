@@ -36,7 +36,7 @@ def _redis():
 
 
 def _celery():
-    from workers.tasks.health import PING_KEY, ping
+    from controlplane.common.tasks import PING_KEY, ping
 
     nonce = secrets.token_hex(8)
     key = PING_KEY.format(nonce=nonce)

@@ -8,11 +8,12 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.accounts.selectors import scoped
-from controlplane.common.api import TeamField, TeamOwnedSerializer, only_team_of
+from controlplane.common.api import TeamField, TeamOwnedSerializer
 from controlplane.jobs import services
-from controlplane.jobs.comm import COMM_DEFAULT_METHODS, comparison_create
+from controlplane.jobs.comparisons import comparison_create
 from controlplane.jobs.models import CommComparison, JobNode, TrainingJob
 from controlplane.live.selectors import stored_events
+from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
 
 class JobNodeSerializer(serializers.ModelSerializer):
@@ -99,61 +100,17 @@ class JobCreateSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs):
-        if "plan_id" in attrs:
-            from controlplane.planning.models import Plan
-
-            stored = (
-                scoped(Plan.objects.all(), self.context["request"].user).filter(pk=attrs["plan_id"]).first()
-            )
-            if stored is None:
-                raise serializers.ValidationError({"plan_id": ["no such plan among your teams'"]})
-            attrs["source_plan"] = stored
-            attrs.setdefault("plan", {**stored.to_contract(), "id": stored.pk})
-            attrs.setdefault("model", stored.model_doc)
-            attrs.setdefault("training", stored.training)
-            attrs.setdefault("team", stored.team)
-        if "model" not in attrs:
-            raise serializers.ValidationError(
-                {"model": ["give a model.json (or a plan_id whose model is used)"]}
-            )
         for key in ("model", "plan", "strategy", "training"):
             if key in attrs and not isinstance(attrs[key], dict):
                 raise serializers.ValidationError({key: ["must be a JSON object"]})
-        plan = attrs.get("plan")
-        if plan is not None and not isinstance(plan.get("strategy"), dict):
-            raise serializers.ValidationError({"plan": ["a plan.json must hold a 'strategy' object"]})
-        if plan is None and "strategy" not in attrs:
-            raise serializers.ValidationError({"strategy": ["give a strategy, or a plan that holds one"]})
-        if "team" not in attrs:
-            attrs["team"] = only_team_of(self.context["request"].user)
         return attrs
-
-    def job_config(self) -> dict:
-        d = self.validated_data
-        config = {
-            "model": d["model"],
-            "strategy": (d.get("plan") or {}).get("strategy") or d.get("strategy"),
-            "training": d.get("training") or {},
-            "steps": d["steps"],
-            "device": d["device"],
-        }
-        for key in ("lr", "seed", "comm_hook", "profile_every", "bucket_cap_mb"):
-            if d.get(key) is not None:
-                config[key] = d[key]
-        if stored := d.get("source_plan"):
-            # the planned cluster's inter-node link sizes the DDP gradient buckets (choose_bucket_cap_mb)
-            link = (stored.cluster_doc or {}).get("inter_node") or {}
-            if link.get("bandwidth_GBps"):
-                config["inter_node_GBps"] = link["bandwidth_GBps"]
-                config["inter_node_latency_us"] = link.get("latency_us", 0.0)
-        return config
 
 
 class CommCompareSerializer(serializers.Serializer):
     methods = serializers.ListField(
         child=serializers.CharField(),
-        default=list(COMM_DEFAULT_METHODS),
-        help_text="dense, fp16, bf16, powersgd, topk_ef, sign_ef, hierarchical, hierarchical_topk",
+        default=list(WEB_DEFAULT_METHODS),
+        help_text=", ".join(COMPARE_METHODS),
     )
     steps = serializers.IntegerField(min_value=2, max_value=2000, default=20)
     nodes = serializers.IntegerField(min_value=2, max_value=4, default=2)
@@ -198,15 +155,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def create(self, request):
         data = JobCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
-        job = services.job_create(
-            team=data.validated_data["team"],
-            name=data.validated_data["name"],
-            config=data.job_config(),
-            plan=data.validated_data.get("plan"),
-            nnodes=data.validated_data["nnodes"],
-            created_by=request.user,
-            source_plan=data.validated_data.get("source_plan"),
-        )
+        job = services.job_submit(user=request.user, **data.validated_data)
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={202: TrainingJobSerializer})
@@ -227,7 +176,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     @action(detail=True, methods=["post"])
     def probe(self, request, pk=None):
         """Ask a Celery worker to publish one event on this job's live stream."""
-        from workers.tasks.health import probe
+        from controlplane.common.tasks import probe
 
         job = self.get_object()
         message = (

@@ -164,3 +164,24 @@ def comm_comparisons(job) -> list[dict]:
         }
         for c in job.comm_comparisons.order_by("-created_at")[:5]
     ]
+
+
+NODE_QUEUE_PREFIX = "node."
+
+
+def online_node_queues(timeout: float = 1.5) -> list[str]:
+    """The ``node.<name>`` queues that live Celery workers consume, one per node, sorted."""
+    from controlplane.celery import app
+
+    replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    names = {
+        q["name"] for queues in replies.values() for q in queues if q["name"].startswith(NODE_QUEUE_PREFIX)
+    }
+    return sorted(names)
+
+
+def source_plan_of(user, pk: int):
+    """A stored plan of one of the user's teams (None otherwise): the plan a job is launched from."""
+    from controlplane.planning.models import Plan
+
+    return scoped(Plan.objects.all(), user).filter(pk=pk).first()

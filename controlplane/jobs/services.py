@@ -1,18 +1,30 @@
-"""Writes for training jobs: create, launch, cancel, relaunch, and settle what the nodes report."""
+"""Writes for training jobs: create, launch (fan out to nodes, supervise each node's torchrun), cancel,
+relaunch, and settle what the nodes report. The process supervision itself is the engine's
+(``workers.training.supervisor``); this module records what it reports."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from datetime import timedelta
+from pathlib import Path
 
-from django.db import transaction
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from controlplane.common.models import JobState
+from controlplane.common.redis import redis_client
 from controlplane.jobs.models import JobNode, TrainingJob
-from controlplane.live.services import publish
+from controlplane.jobs.selectors import NODE_QUEUE_PREFIX, online_node_queues
+from controlplane.jobs.tasks import launch_job, run_node
+from controlplane.live.services import publish_after_commit
+from workers.training import supervisor
+
+log = logging.getLogger(__name__)
 
 # CPU ranks one machine may run per node (torchrun --nproc-per-node); GPUs/NPUs are bounded by the device count
 MAX_CPU_RANKS_PER_NODE = int(os.environ.get("CANN_TRAIN_MAX_CPU_RANKS", "4"))
@@ -30,8 +42,8 @@ def validated_config(config: dict) -> dict:
         raise ValidationError(exc.errors) from exc
 
 
-def publish_after_commit(job: TrainingJob, values: dict) -> None:
-    transaction.on_commit(lambda: publish(job.stream, "event", values))
+def _job_event(job: TrainingJob, values: dict) -> None:
+    publish_after_commit(job.stream, "event", values)
 
 
 def check_fits_this_machine(config: dict, nproc_per_node: int) -> None:
@@ -60,6 +72,94 @@ def check_fits_this_machine(config: dict, nproc_per_node: int) -> None:
                 ]
             }
         )
+
+
+# the run options a job request may set beside its model, strategy and training documents
+RUN_OPTIONS = ("lr", "seed", "comm_hook", "profile_every", "bucket_cap_mb")
+
+
+def job_config_of(
+    *,
+    model: dict,
+    strategy: dict,
+    training: dict | None,
+    steps: int,
+    device: str,
+    source_plan=None,
+    **options,
+) -> dict:
+    """The runtime's job config for a request: the documents, the run options that were given, and, for a
+    job from a stored plan, the planned cluster's inter-node link (it sizes the DDP gradient buckets,
+    ``choose_bucket_cap_mb``)."""
+    config = {
+        "model": model,
+        "strategy": strategy,
+        "training": training or {},
+        "steps": steps,
+        "device": device,
+    }
+    config.update({k: v for k, v in options.items() if k in RUN_OPTIONS and v is not None})
+    if source_plan is not None:
+        link = (source_plan.cluster_doc or {}).get("inter_node") or {}
+        if link.get("bandwidth_GBps"):
+            config["inter_node_GBps"] = link["bandwidth_GBps"]
+            config["inter_node_latency_us"] = link.get("latency_us", 0.0)
+    return config
+
+
+def job_submit(
+    *,
+    user,
+    name: str,
+    team=None,
+    plan_id: int | None = None,
+    model: dict | None = None,
+    plan: dict | None = None,
+    strategy: dict | None = None,
+    training: dict | None = None,
+    steps: int,
+    device: str = "auto",
+    nnodes: int = 1,
+    **options,
+) -> TrainingJob:
+    """A job request as the API takes it: a stored plan of the user's teams (its strategy, model, training
+    and team are the defaults), a plan document, or a strategy; documents given override the plan's."""
+    from controlplane.common.api import only_team_of
+    from controlplane.jobs.selectors import source_plan_of
+
+    source_plan = None
+    if plan_id is not None:
+        source_plan = source_plan_of(user, plan_id)
+        if source_plan is None:
+            raise ValidationError({"plan_id": ["no such plan among your teams'"]})
+        plan = plan if plan is not None else {**source_plan.to_contract(), "id": source_plan.pk}
+        model = model if model is not None else source_plan.model_doc
+        training = training if training is not None else source_plan.training
+        team = team or source_plan.team
+    if model is None:
+        raise ValidationError({"model": ["give a model.json (or a plan_id whose model is used)"]})
+    if plan is not None and not isinstance(plan.get("strategy"), dict):
+        raise ValidationError({"plan": ["a plan.json must hold a 'strategy' object"]})
+    if plan is None and strategy is None:
+        raise ValidationError({"strategy": ["give a strategy, or a plan that holds one"]})
+    config = job_config_of(
+        model=model,
+        strategy=(plan or {}).get("strategy") or strategy,
+        training=training,
+        steps=steps,
+        device=device,
+        source_plan=source_plan,
+        **options,
+    )
+    return job_create(
+        team=team or only_team_of(user),
+        name=name,
+        config=config,
+        plan=plan,
+        nnodes=nnodes,
+        created_by=user,
+        source_plan=source_plan,
+    )
 
 
 def job_create(
@@ -108,8 +208,6 @@ def job_create(
 
 def job_launch(*, job: TrainingJob) -> TrainingJob:
     """Queue a (re)launch. Only a new job, or a failed / cancelled one, can be launched."""
-    from workers.tasks.training import launch_job
-
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         if job.attempts and job.state not in (JobState.FAILED, JobState.CANCELLED):
@@ -123,7 +221,7 @@ def job_launch(*, job: TrainingJob) -> TrainingJob:
         job.save()
         attempt = job.attempts
         # on_commit callbacks run in order: the "queued" event goes out before any worker can answer
-        publish_after_commit(job, {"state": "queued", "attempt": attempt})
+        _job_event(job, {"state": "queued", "attempt": attempt})
         transaction.on_commit(lambda: launch_job.apply_async((job.pk, attempt), queue="training"))
     return job
 
@@ -138,7 +236,7 @@ def job_cancel(*, job: TrainingJob) -> TrainingJob:
             job.state = JobState.CANCELLED
             job.finished_at = timezone.now()
             job.nodes.filter(attempt=job.attempts, state=JobState.QUEUED).update(state=JobState.CANCELLED)
-            publish_after_commit(job, {"state": "cancelled"})
+            _job_event(job, {"state": "cancelled"})
         job.save()
     return job
 
@@ -156,7 +254,7 @@ def job_fail(*, job_id: int, human: str, error: str = "") -> None:
         job.nodes.filter(attempt=job.attempts).exclude(state__in=TrainingJob.TERMINAL_STATES).update(
             state=JobState.FAILED, finished_at=job.finished_at
         )
-        publish_after_commit(job, {"state": "failed", "message": human})
+        _job_event(job, {"state": "failed", "message": human})
 
 
 def node_started(*, node: JobNode, pid: int) -> None:
@@ -171,7 +269,7 @@ def node_started(*, node: JobNode, pid: int) -> None:
             job.started_at = job.started_at or now
             job.heartbeat_at = now
             job.save()
-            publish_after_commit(
+            _job_event(
                 job,
                 {"state": "running", "attempt": job.attempts, "nodes": job.nnodes, "ranks": job.world_size},
             )
@@ -229,9 +327,129 @@ def node_finished(
             values["measured"] = {
                 k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")
             }
-        publish_after_commit(job, values)
+        _job_event(job, values)
         if job.state == JobState.SUCCEEDED and job.source_plan_id and job.measured:
             record_measurement(job=job)
+
+
+def job_fan_out(*, job_id: int, attempt: int) -> str:
+    """Give each node of a queued attempt its ``run_node`` task: any training worker for a one-node job,
+    the ``node.<name>`` queues of live node workers for a multi-node one."""
+    job = TrainingJob.objects.get(pk=job_id)
+    if job.attempts != attempt or job.state != JobState.QUEUED:
+        return "skipped"
+    if job.nnodes == 1:
+        queues = ["training"]
+    else:
+        online = online_node_queues()
+        if len(online) < job.nnodes:
+            job_fail(
+                job_id=job.pk,
+                human=(
+                    f"This job needs {job.nnodes} nodes but {len(online)} node worker(s) are online "
+                    f"({', '.join(online) or 'none'}). Start a worker per node with "
+                    "CANN_TRAIN_NODE=<name> celery -A controlplane worker -Q training,node.<name>, then relaunch."
+                ),
+            )
+            return "failed"
+        queues = online[: job.nnodes]
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        if job.state != JobState.QUEUED:  # cancelled meanwhile
+            return "skipped"
+        job.state = JobState.LAUNCHING
+        job.heartbeat_at = timezone.now()
+        job.save()
+        for rank in range(job.nnodes):
+            JobNode.objects.create(
+                job=job,
+                attempt=attempt,
+                node_rank=rank,
+                node_name=queues[rank].removeprefix(NODE_QUEUE_PREFIX) if job.nnodes > 1 else "",
+            )
+        _job_event(job, {"state": "launching", "attempt": attempt, "nodes": queues})
+        for rank, queue in enumerate(queues):
+            transaction.on_commit(lambda r=rank, q=queue: run_node.apply_async((job_id, attempt, r), queue=q))
+    return f"launched on {', '.join(queues)}"
+
+
+def job_dir(job: TrainingJob, attempt: int) -> Path:
+    path = Path(settings.VAR_DIR) / "jobs" / str(job.pk) / f"attempt-{attempt}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
+    """Run one node's ``torchrun`` agent for a job attempt inside this worker and record what happens:
+    started, heartbeats (answering a cancel), exit code, log tail and run summary."""
+    from workers.training.launch import render_torchrun_command, torchrun_env
+
+    close_old_connections()
+    job = TrainingJob.objects.get(pk=job_id)
+    node = JobNode.objects.filter(job=job, attempt=attempt, node_rank=node_rank).first()
+    if node is None or job.attempts != attempt or job.is_finished or node.state != JobState.QUEUED:
+        log.info(
+            "job %s attempt %s node %s: nothing to do (stale or repeated delivery)",
+            job_id,
+            attempt,
+            node_rank,
+        )
+        return "skipped"
+    JobNode.objects.filter(pk=node.pk).update(node_name=supervisor.node_name())
+    workdir = job_dir(job, attempt)
+    try:
+        endpoint = supervisor.rendezvous_endpoint(
+            redis_client(), f"cann:rdzv:job/{job.pk}/{attempt}", node_rank, address=supervisor.node_address()
+        )
+    except TimeoutError as exc:
+        job_fail(job_id=job.pk, human=f"Job {job.pk}: {exc}")
+        return "failed"
+    config_path = workdir / f"config-node{node_rank}.json"
+    config_path.write_text(json.dumps({**job.config, "job_id": str(job.pk), "redis_url": settings.REDIS_URL}))
+    # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
+    # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
+    summary_path = workdir / f"summary-node{node_rank}.json"
+    cmd = render_torchrun_command(
+        str(config_path),
+        job.nnodes,
+        job.nproc_per_node,
+        node_rank,
+        endpoint,
+        run_id=f"job{job.pk}-a{attempt}",
+        max_restarts=0,
+        summary_path=str(summary_path),
+    )
+    log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
+
+    def beat() -> bool:
+        close_old_connections()
+        try:
+            wants_cancel = heartbeat(node=node)
+        except DatabaseError:  # a database blip must not stop the training: the next beat retries
+            log.warning("job %s node %s: heartbeat not recorded", job.pk, node_rank, exc_info=True)
+            return False
+        if wants_cancel:
+            log.info("job %s node %s: cancel requested, stopping the process group", job.pk, node_rank)
+        return wants_cancel
+
+    outcome = supervisor.supervise(
+        cmd,
+        log_path=workdir / f"node{node_rank}.log",
+        cwd=settings.BASE_DIR,
+        env=torchrun_env(),
+        on_start=lambda pid: node_started(node=node, pid=pid),
+        on_heartbeat=beat,
+    )
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    close_old_connections()
+    node_finished(
+        node=node,
+        exit_code=outcome.exit_code,
+        cancelled=outcome.cancelled,
+        log_tail=outcome.log_tail,
+        summary=summary,
+    )
+    return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}"
 
 
 # the run summary's figures that sit beside a plan's prediction

@@ -8,8 +8,8 @@ from django.shortcuts import render
 
 from controlplane.accounts.selectors import teams_of
 from controlplane.jobs import selectors
-from controlplane.jobs.comm import COMM_DEFAULT_METHODS, COMM_METHODS
 from controlplane.jobs.forms import CompareForm
+from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
 
 @login_required
@@ -50,8 +50,8 @@ def job_detail(request, pk: int):
                 "history_complete": len(history) < selectors.HISTORY_PAGE,
                 "api": f"/api/jobs/{job.pk}/",
             },
-            "comm_methods": COMM_METHODS,
-            "comm_default": COMM_DEFAULT_METHODS,
+            "comm_methods": COMPARE_METHODS,
+            "comm_default": WEB_DEFAULT_METHODS,
             "comm_page": {
                 "api": f"/api/jobs/{job.pk}/comm-compare/",
                 "stream": job.stream,

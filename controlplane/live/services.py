@@ -1,10 +1,12 @@
-"""Writes for live streams: publish an event, persist a batch."""
+"""Writes for live streams: publish an event (now or after the commit it describes), persist a batch."""
 
 from __future__ import annotations
 
 import functools
 from datetime import datetime
 from typing import Any
+
+from django.db import transaction
 
 from controlplane.common.redis import redis_client
 from controlplane.live.models import StreamEvent
@@ -20,6 +22,12 @@ def publish(stream: str, kind: str, values: dict[str, Any], step: int | None = N
     """Append an event to a stream; the relay forwards it to subscribers. Call it after the commit that
     the event describes (``transaction.on_commit``)."""
     return _writer().publish(stream, kind, values, step=step)
+
+
+def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> None:
+    """Publish once the surrounding transaction commits (at once outside one): a subscriber that reacts
+    to the event then reads the rows it describes. Every Celery-side and API-side write uses this."""
+    transaction.on_commit(lambda: publish(stream, kind, values, step=step))
 
 
 def persist_events(events: list[dict]) -> int:

@@ -13,25 +13,18 @@ from rest_framework.exceptions import ValidationError
 
 from controlplane.clusters.models import Cluster
 from controlplane.common.models import JobState
-from controlplane.live.services import publish
+from controlplane.live.services import publish, publish_after_commit
 from controlplane.planning.models import ModelSpec, Plan, StrategySearch
 from controlplane.planning.selectors import plan_document, similar_plans
-from controlplane.planning.specs import checked, params_billion, plan_row_fields
+from controlplane.planning.specs import checked, plan_row_fields
+from controlplane.planning.tasks import run_search
 from workers import planner
+from workers.planner.search import search_allowing_idle_nodes, without_nodes
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 0.25  # at most this often a progress event (the planner reports per chunk)
 CANCEL_POLL_S = 0.5
-
-
-def model_spec_fields(document: dict) -> dict:
-    checked("model", document)
-    return {"name": document["name"], "spec": document, "params_billion": params_billion(document)}
-
-
-def _publish_after_commit(search: StrategySearch, kind: str, values: dict) -> None:
-    transaction.on_commit(lambda: publish(search.stream, kind, values))
 
 
 def search_create(
@@ -50,8 +43,6 @@ def search_create(
     allow_fewer_nodes: bool = False,
 ) -> StrategySearch:
     """Validate the request with the planner, look up similar plans, and queue the search."""
-    from workers.tasks.planning import run_search
-
     cluster_doc = cluster_doc if cluster_doc is not None else (cluster.spec if cluster else None)
     model_doc = model_doc if model_doc is not None else (model.spec if model else None)
     errors = {}
@@ -93,25 +84,18 @@ def search_create(
             what_if=what_if,
             similar_plans=[{**plan_document(p), "reevaluated": None} for p in similar],
         )
-        _publish_after_commit(search, "event", {"state": "queued"})
+        publish_after_commit(search.stream, "event", {"state": "queued"})
         transaction.on_commit(lambda: run_search.apply_async((search.pk,), queue="planning"))
     return search
 
 
 def search_what_if(*, search: StrategySearch, lose_nodes: int, created_by=None) -> StrategySearch:
-    """Re-run a search on the cluster minus ``lose_nodes`` nodes."""
-    doc = dict(search.request["cluster"])
-    remaining = int(doc["num_nodes"]) - lose_nodes
-    if lose_nodes < 1 or remaining < 1:
-        raise ValidationError(
-            {
-                "lose_nodes": [
-                    f"must be between 1 and {int(doc['num_nodes']) - 1} (the cluster has {doc['num_nodes']} nodes)"
-                ]
-            }
-        )
-    doc["num_nodes"] = remaining
-    doc["name"] = f"{doc['name']} minus {lose_nodes} node{'s' if lose_nodes > 1 else ''}"
+    """Re-run a search on the cluster minus ``lose_nodes`` nodes (the planner's ``without_nodes``)."""
+    cluster = checked("cluster", search.request["cluster"], "cluster")
+    try:
+        doc = without_nodes(cluster, lose_nodes).to_dict()
+    except planner.SpecError as exc:
+        raise ValidationError(exc.errors) from exc
     return search_create(
         team=search.team,
         created_by=created_by,
@@ -137,7 +121,7 @@ def search_cancel(*, search: StrategySearch) -> StrategySearch:
         if search.state == JobState.QUEUED:
             search.state = JobState.CANCELLED
             search.finished_at = timezone.now()
-            _publish_after_commit(search, "event", {"state": "cancelled"})
+            publish_after_commit(search.stream, "event", {"state": "cancelled"})
         search.save()
     return search
 
@@ -189,7 +173,7 @@ def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dic
     return best
 
 
-def search_run(search_id: int) -> str:
+def search_run(*, search_id: int) -> str:
     """Run a queued search (inside a Celery worker) and store its plans; never loses a failure."""
     search = StrategySearch.objects.get(pk=search_id)
     if search.state != JobState.QUEUED:
@@ -210,27 +194,6 @@ def search_run(search_id: int) -> str:
         )
         publish(search.stream, "event", {"state": "failed", "message": str(exc)})
         return "failed"
-
-
-# how many smaller node counts a what-if tries when the whole shrunken cluster admits no layout
-MAX_FEWER_NODES_TRIES = 128
-
-
-def _search_fewer_nodes(result, cluster, run):
-    """Nothing fits on all nodes (often: the device count has a factor no degree can take, e.g. 7). Use the
-    largest smaller node count that admits a plan, and say so: a real run would leave those nodes idle."""
-    full = cluster.num_nodes
-    for nodes in range(full - 1, max(0, full - MAX_FEWER_NODES_TRIES), -1):
-        smaller = cluster.with_nodes(nodes)
-        attempt = run(smaller)
-        if attempt.best is not None or attempt.stats.get("cancelled"):
-            attempt.stats["nodes_used"] = nodes
-            attempt.stats["note"] = (
-                f"no layout uses all {full} nodes ({result.stats.get('tightest', 'no layout fits')}); "
-                f"the best plan uses {nodes} nodes and leaves {full - nodes} idle"
-            )
-            return attempt, smaller
-    return result, cluster
 
 
 def _search_run(search: StrategySearch) -> str:
@@ -267,20 +230,16 @@ def _search_run(search: StrategySearch) -> str:
             last["stop"] = StrategySearch.objects.filter(pk=search.pk, cancel_requested=True).exists()
         return last["stop"]
 
-    def run(on_cluster, **extra):
-        return planner.search(
-            model,
-            on_cluster,
-            training,
-            fixed=req.get("strategy") or None,
-            top_k=req.get("top_k", 10),
-            should_stop=should_stop,
-            **extra,
-        )
-
-    result = run(cluster, progress=progress)
-    if result.best is None and req.get("allow_fewer_nodes") and not result.stats.get("cancelled"):
-        result, cluster = _search_fewer_nodes(result, cluster, run)
+    options = {
+        "fixed": req.get("strategy") or None,
+        "top_k": req.get("top_k", 10),
+        "progress": progress,
+        "should_stop": should_stop,
+    }
+    if req.get("allow_fewer_nodes"):
+        result, cluster = search_allowing_idle_nodes(model, cluster, training, **options)
+    else:
+        result = planner.search(model, cluster, training, **options)
     with transaction.atomic():
         search = StrategySearch.objects.select_for_update().get(pk=search.pk)
         search.stats = result.stats
@@ -322,7 +281,7 @@ def _search_run(search: StrategySearch) -> str:
         values = {"state": search.state, "stats": {k: v for k, v in result.stats.items() if k != "rejected"}}
         if search.human_readable_error:
             values["message"] = search.human_readable_error
-        _publish_after_commit(search, "event", values)
+        publish_after_commit(search.stream, "event", values)
     return search.state
 
 

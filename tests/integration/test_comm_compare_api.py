@@ -8,7 +8,6 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from controlplane.jobs.comm import COMM_METHODS
 from tests.conftest import import_tiny_cpu_plan
 from workers.training.comm import netem
 from workers.training.examples import example
@@ -18,10 +17,17 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 TINY = example("tiny-dense.json")
 
 
-def test_the_page_lists_the_same_methods_as_the_engine():
-    from workers.training.comm.compare import METHODS
+def test_every_named_method_is_one_the_engine_can_run():
+    from workers.training.comm import HOOKS
+    from workers.training.comm.compare import method_hook
+    from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
-    assert tuple(COMM_METHODS) == tuple(METHODS)
+    for method in COMPARE_METHODS:
+        hook = method_hook(method, ranks_per_node=2, density=0.01).partition(":")[0]
+        assert hook in HOOKS, method
+    assert set(WEB_DEFAULT_METHODS) <= set(COMPARE_METHODS)
+    with pytest.raises(ValueError, match="unknown method"):
+        method_hook("gzip", ranks_per_node=2, density=0.01)
 
 
 @pytest.fixture

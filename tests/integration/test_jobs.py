@@ -230,7 +230,7 @@ def test_two_workers_as_two_nodes_run_one_job(live_stack, alice_client):
             )
         )
     try:
-        from controlplane.jobs.launch import online_node_queues
+        from controlplane.jobs.selectors import online_node_queues
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(online_node_queues()) < 2:

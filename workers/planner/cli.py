@@ -28,6 +28,18 @@ def register(subparsers) -> None:
     p.add_argument("--training", required=True, help="training.json")
     p.add_argument("--strategy", help="strategy.json with any subset of fields fixed (null/absent = search)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="plans to list (default 5)")
+    p.add_argument(
+        "--lose-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="what-if: search the cluster minus N nodes (implies --allow-idle-nodes)",
+    )
+    p.add_argument(
+        "--allow-idle-nodes",
+        action="store_true",
+        help="when no layout uses every node, use the largest node count that has one (and say so)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--candidates", action="store_true", help="with --json: include the compact candidate list"
@@ -78,7 +90,7 @@ def _load_json(path: str, arg: str) -> Any:
 
 
 def run_strategy(args: argparse.Namespace) -> int:
-    from .search import search
+    from .search import search, search_allowing_idle_nodes, without_nodes
     from .specs import SpecError, Strategy, load_inputs
 
     try:
@@ -93,7 +105,14 @@ def run_strategy(args: argparse.Namespace) -> int:
             raise exc.prefixed("strategy") from None
         if args.top < 1:
             raise InputError("--top", f"must be >= 1, got {args.top}")
-        result = search(model, cluster, training, fixed, top_k=args.top)
+        if args.lose_nodes:
+            cluster = without_nodes(cluster, args.lose_nodes)
+        if args.lose_nodes or args.allow_idle_nodes:
+            result, cluster = search_allowing_idle_nodes(
+                model, cluster, training, fixed=fixed, top_k=args.top
+            )
+        else:
+            result = search(model, cluster, training, fixed, top_k=args.top)
     except InputError as exc:
         print(f"cann-train strategy: invalid input: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -130,6 +149,8 @@ def format_result(result, model, cluster, training) -> str:
         + (f", Pareto front {st.get('pareto_size', 0)}" if result.best else "")
         + (" (cancelled)" if st.get("cancelled") else ""),
     ]
+    if st.get("note"):
+        lines.append(f"note: {st['note']}")
     if st["rejected"]:
         lines.append("rejected: " + "; ".join(f"{k}: {v:,}" for k, v in st["rejected"].items()))
     if result.best is None:

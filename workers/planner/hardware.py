@@ -103,8 +103,3 @@ def efficiency_for(device_name: str) -> tuple[str, Efficiency]:
     """(profile name, efficiency constants) for a device name."""
     name, profile = find_profile(device_name)
     return name, Efficiency.from_profile(profile)
-
-
-def cpu_profile_origin() -> str:
-    """Where the ``cpu`` profile currently comes from (a calibration file or the default)."""
-    return _cpu_profile()[1]

@@ -7,6 +7,7 @@ so a million layouts cost a few hundred numpy operations, not a million Python c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -639,3 +640,47 @@ def _candidates(flat: Layouts, tokens, vals, order, pareto_idx, placement: str) 
         }
         for j, i in enumerate(idx)
     ]
+
+
+# how many smaller node counts a search tries when the whole cluster admits no layout
+MAX_FEWER_NODES_TRIES = 128
+
+
+def without_nodes(cluster: ClusterSpec, lose_nodes: int) -> ClusterSpec:
+    """What-if: the cluster after losing ``lose_nodes`` nodes (a ``SpecError`` on ``lose_nodes`` when that
+    leaves none)."""
+    if not 1 <= lose_nodes < cluster.num_nodes:
+        raise SpecError(
+            "lose_nodes",
+            f"must be between 1 and {cluster.num_nodes - 1} (the cluster has {cluster.num_nodes} nodes), "
+            f"got {lose_nodes}",
+        )
+    smaller = cluster.with_nodes(cluster.num_nodes - lose_nodes)
+    return dataclasses.replace(
+        smaller, name=f"{cluster.name} minus {lose_nodes} node{'s' if lose_nodes > 1 else ''}"
+    )
+
+
+def search_allowing_idle_nodes(
+    model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, **kwargs
+) -> tuple[SearchResult, ClusterSpec]:
+    """``search`` on every node; when nothing fits there (often: the device count has a factor no degree can
+    take, e.g. 7 nodes), on the largest smaller node count that admits a plan, saying so in
+    ``stats['note']`` and ``stats['nodes_used']``: a real run would leave the other nodes idle. Returns the
+    result and the cluster it was found on. ``progress`` is reported for the full-cluster search only."""
+    result = search(model, cluster, training, **kwargs)
+    if result.best is not None or result.stats.get("cancelled"):
+        return result, cluster
+    kwargs.pop("progress", None)
+    full = cluster.num_nodes
+    for nodes in range(full - 1, max(0, full - MAX_FEWER_NODES_TRIES), -1):
+        smaller = cluster.with_nodes(nodes)
+        attempt = search(model, smaller, training, **kwargs)
+        if attempt.best is not None or attempt.stats.get("cancelled"):
+            attempt.stats["nodes_used"] = nodes
+            attempt.stats["note"] = (
+                f"no layout uses all {full} nodes ({result.stats.get('tightest', 'no layout fits')}); "
+                f"the best plan uses {nodes} nodes and leaves {full - nodes} idle"
+            )
+            return attempt, smaller
+    return result, cluster

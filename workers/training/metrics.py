@@ -14,21 +14,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-TRAIN_KEYS = (
-    "loss",
-    "tokens_per_s",
-    "step_time_s",
-    "compute_s",
-    "comm_s",
-    "bubble_fraction",
-    "memory_GiB",
-    "grad_norm",
-    "lr",
-    "tflops",
-    "mfu",
-    "expert_load",
-)
-
 # Profiler event names that are communication (c10d collectives, their backend kernels, pipeline p2p).
 COMM_MARKERS = (
     "c10d::",

@@ -18,11 +18,10 @@ import argparse
 import json
 import sys
 
-SEED_FLAGS = ("--gradient-bucketing", "--adaptive-compression", "--overlap")
-
 
 def register(subparsers) -> None:
-    from workers.training.comm.compare import DEFAULT_METHODS, DEFAULT_MODEL, METHODS
+    from workers.training.comm.compare import DEFAULT_MODEL
+    from workers.training.comm_methods import COMPARE_DEFAULT_METHODS, COMPARE_METHODS
 
     p = subparsers.add_parser(
         "comm-opt",
@@ -40,8 +39,8 @@ def register(subparsers) -> None:
     run = p.add_argument_group("comparison")
     run.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
-        help=f"comma-separated, from {','.join(METHODS)} (default: %(default)s)",
+        default=",".join(COMPARE_DEFAULT_METHODS),
+        help=f"comma-separated, from {','.join(COMPARE_METHODS)} (default: %(default)s)",
     )
     run.add_argument("--steps", type=int, default=20)
     run.add_argument("--density", type=float, default=0.01, help="top-k density (default 0.01)")
@@ -81,15 +80,16 @@ def _model_from_args(args) -> tuple[dict, int]:
 
 def comm_opt_command(args: argparse.Namespace) -> int:
     from workers.training.comm import netem
-    from workers.training.comm.compare import METHODS, compare_methods, format_table
+    from workers.training.comm.compare import compare_methods, format_table
+    from workers.training.comm_methods import COMPARE_METHODS
     from workers.training.config import ConfigError
 
     try:
         model, micro = _model_from_args(args)
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        unknown = [m for m in methods if m not in METHODS]
+        unknown = [m for m in methods if m not in COMPARE_METHODS]
         if unknown or not methods:
-            raise ConfigError("--methods", f"unknown {unknown}; choose from {', '.join(METHODS)}")
+            raise ConfigError("--methods", f"unknown {unknown}; choose from {', '.join(COMPARE_METHODS)}")
         if args.nodes < 2 or args.ranks_per_node < 1:
             raise ConfigError("--nodes", "need at least 2 nodes and 1 rank per node")
         if args.steps < 2:

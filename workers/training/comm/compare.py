@@ -7,7 +7,7 @@ node 0's address, ``--local-addr`` = the node's address, gloo bound to the node'
 own routes; only traffic between nodes crosses the shaped link. Rank 0 reports its own figures: comm
 seconds (total and exposed, from the hook's timing), gradient bytes it sent, step time, tokens/s, loss.
 
-Methods (``METHODS``): ``dense`` is plain DDP through torch's all-reduce hook (wrapped only for timing),
+Methods (``workers.training.comm_methods.COMPARE_METHODS``): ``dense`` is plain DDP through torch's all-reduce hook (wrapped only for timing),
 so its bytes and comm times are measured the same way as the others'.
 """
 
@@ -25,10 +25,10 @@ from pathlib import Path
 
 from workers.training import examples
 from workers.training.comm import netem
+from workers.training.comm_methods import COMPARE_DEFAULT_METHODS
 
 EXAMPLES = examples.DIR
 DEFAULT_MODEL = EXAMPLES / "comm-20m.json"
-DEFAULT_METHODS = ("dense", "fp16", "powersgd", "topk_ef", "sign_ef", "hierarchical", "hierarchical_topk")
 
 
 TOPK_CLIP_NORM = 0.25
@@ -52,9 +52,6 @@ def method_hook(method: str, *, ranks_per_node: int, density: float, warmup_step
     if method not in specs:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(specs)}")
     return specs[method]
-
-
-METHODS = ("dense", "fp16", "bf16", "powersgd", "topk_ef", "sign_ef", "hierarchical", "hierarchical_topk")
 
 
 @dataclass
@@ -205,7 +202,7 @@ def compare_methods(
     nodes: int = 2,
     ranks_per_node: int = 2,
     inter_node_gbit: float = 1.0,
-    methods: tuple[str, ...] = DEFAULT_METHODS,
+    methods: tuple[str, ...] = COMPARE_DEFAULT_METHODS,
     steps: int = 20,
     density: float = 0.01,
     warmup_steps: int = 0,

@@ -1,4 +1,5 @@
-"""Compare communication methods for a job's model on the emulated two-tier network (issue 6).
+"""Services of communication comparisons: train a job's model once per gradient-communication method on
+the emulated two-tier network and keep the result.
 
 Creating a comparison validates the request and queues a ``training`` task; the task trains the model
 once per method with the real runtime (``workers.training.comm.compare.compare_methods``) and streams each
@@ -16,22 +17,12 @@ from rest_framework.exceptions import ValidationError
 
 from controlplane.common.models import JobState
 from controlplane.jobs.models import CommComparison, TrainingJob
+from controlplane.jobs.tasks import compare_comm
 from controlplane.live.services import publish
+from workers.training.comm_methods import COMPARE_METHODS
 
 log = logging.getLogger(__name__)
 
-# = workers.training.comm.compare.METHODS (that module imports torch; a test keeps the two equal)
-COMM_METHODS = (
-    "dense",
-    "fp16",
-    "bf16",
-    "powersgd",
-    "topk_ef",
-    "sign_ef",
-    "hierarchical",
-    "hierarchical_topk",
-)
-COMM_DEFAULT_METHODS = ("dense", "fp16", "topk_ef", "sign_ef", "hierarchical")
 # CPU ranks this machine gives one comparison (nodes x ranks_per_node), like a job's CPU-rank cap
 MAX_COMPARE_RANKS = 4
 
@@ -46,14 +37,12 @@ def comparison_create(
     inter_node_gbit: float,
     created_by=None,
 ) -> CommComparison:
-    from workers.tasks.training import compare_comm
     from workers.training.comm import netem
-    from workers.training.comm.compare import METHODS
 
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in COMPARE_METHODS]
     if unknown or not methods:
         raise ValidationError(
-            {"methods": [f"choose from {', '.join(METHODS)}; got {', '.join(unknown) or 'none'}"]}
+            {"methods": [f"choose from {', '.join(COMPARE_METHODS)}; got {', '.join(unknown) or 'none'}"]}
         )
     if nodes * ranks_per_node > MAX_COMPARE_RANKS:
         raise ValidationError(
@@ -85,7 +74,7 @@ def _event(comparison: CommComparison, values: dict) -> None:
     publish(comparison.stream, "event", {"comm_compare": {"id": comparison.pk, **values}})
 
 
-def comparison_run(comparison_id: int) -> str:
+def comparison_run(*, comparison_id: int) -> str:
     from workers.training.comm.compare import compare_methods
 
     comparison = CommComparison.objects.select_related("job").get(pk=comparison_id)

@@ -1,4 +1,4 @@
-"""Tiny tasks that prove the worker path works end to end."""
+"""Tiny tasks that prove the worker path works end to end (``/healthz``, the dashboard's live probe)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from celery import shared_task
 PING_KEY = "cann:ping:{nonce}"
 
 
-@shared_task(name="workers.tasks.health.ping")
+@shared_task
 def ping(nonce: str) -> str:
     """Answered by any worker on the ``default`` queue; used by ``/healthz``.
 
@@ -24,7 +24,7 @@ def ping(nonce: str) -> str:
     return worker
 
 
-@shared_task(name="workers.tasks.health.probe")
+@shared_task
 def probe(stream: str, message: str = "live probe", count: int = 1) -> int:
     """Publish ``count`` ``event``s on a live stream from inside a worker; returns the last seq.
 

@@ -1,0 +1,27 @@
+"""The names of the gradient-communication methods, in one torch-free module.
+
+The web process validates job configs and comparison requests without importing torch, so the names live
+here; ``workers.training.comm.HOOKS`` and ``workers.training.comm.compare.method_hook`` implement exactly
+these (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+# DDP communication hooks a job may name in ``comm_hook`` (the keys of ``workers.training.comm.HOOKS``)
+HOOK_NAMES = ("allreduce", "fp16", "bf16", "powerSGD", "topk_ef", "sign_ef", "hierarchical")
+
+# methods ``cann-train comm-opt`` and a job page's comparison train side by side
+COMPARE_METHODS = (
+    "dense",
+    "fp16",
+    "bf16",
+    "powersgd",
+    "topk_ef",
+    "sign_ef",
+    "hierarchical",
+    "hierarchical_topk",
+)
+# the CLI's default: every method except bf16 (on CPUs it measures the same as fp16)
+COMPARE_DEFAULT_METHODS = tuple(m for m in COMPARE_METHODS if m != "bf16")
+# a job page's default: one method of each family, so a comparison in the browser ends in minutes
+WEB_DEFAULT_METHODS = ("dense", "fp16", "topk_ef", "sign_ef", "hierarchical")
