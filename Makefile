@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[dev,test]'
 	@touch $@
 
 native: setup

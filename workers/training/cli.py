@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -94,6 +93,7 @@ def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = 
     """Run ``cfg`` under torchrun on this machine; returns rank 0's summary. Raises ``RuntimeError``
     with the tail of the log when the run fails."""
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
+    from workers.training.supervisor import supervise
 
     with tempfile.TemporaryDirectory(prefix="cann-train-") as tmp:
         config_path, summary_path = Path(tmp) / "job.json", Path(tmp) / "summary.json"
@@ -111,13 +111,14 @@ def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = 
         )
         env = torchrun_env()
         env.setdefault("OMP_NUM_THREADS", "1")
-        with open(log, "w") as out:
-            try:
-                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"run stopped after {timeout:.0f} s\n{_tail(log)}") from None
-        if proc.returncode != 0 or not summary_path.exists():
-            raise RuntimeError(f"torchrun exited with {proc.returncode}\n{_tail(log)}")
+        log.write_bytes(b"")
+        # the same supervisor as the web's workers: the ranks run in their own process group, which a
+        # timeout or Ctrl-C stops as a whole (no orphan ranks)
+        outcome = supervise(cmd, log_path=log, env=env, timeout_s=timeout)
+        if outcome.timed_out:
+            raise RuntimeError(f"run stopped after {timeout:.0f} s\n{_tail(log)}")
+        if outcome.exit_code != 0 or not summary_path.exists():
+            raise RuntimeError(f"torchrun exited with {outcome.exit_code}\n{_tail(log)}")
         return json.loads(summary_path.read_text())
 
 

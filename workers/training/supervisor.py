@@ -98,6 +98,7 @@ class Outcome:
     exit_code: int
     cancelled: bool
     log_tail: str
+    timed_out: bool = False
 
 
 def supervise(
@@ -110,12 +111,14 @@ def supervise(
     on_heartbeat: Callable[[], bool] = lambda: False,
     heartbeat_every_s: float = HEARTBEAT_EVERY_S,
     poll_every_s: float = POLL_EVERY_S,
+    timeout_s: float | None = None,
 ) -> Outcome:
     """Run ``cmd`` in its own session with stdout+stderr appended to ``log_path`` until it exits.
 
     ``on_start(pid)`` is called once it runs; ``on_heartbeat()`` every ``heartbeat_every_s`` while it
-    runs, and returning True stops the group (a cancel). Returns the exit code, whether it was
-    cancelled, and the log's tail.
+    runs, and returning True stops the group (a cancel). After ``timeout_s`` the group is stopped too.
+    Any exception (Ctrl-C included) stops the group before it propagates. Returns the exit code, whether
+    it was cancelled or timed out, and the log's tail.
     """
     with log_path.open("ab") as out:
         proc = subprocess.Popen(
@@ -127,11 +130,16 @@ def supervise(
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
-    cancelled = False
+    cancelled = timed_out = False
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         on_start(proc.pid)
         last_beat = 0.0
         while proc.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                stop_group(proc)
+                break
             if time.monotonic() - last_beat >= heartbeat_every_s:
                 last_beat = time.monotonic()
                 if on_heartbeat():
@@ -143,4 +151,6 @@ def supervise(
         stop_group(proc)  # the supervisor itself failed: leave no unsupervised ranks behind
         raise
     exit_code = proc.wait()
-    return Outcome(exit_code=exit_code, cancelled=cancelled, log_tail=read_tail(log_path))
+    return Outcome(
+        exit_code=exit_code, cancelled=cancelled, log_tail=read_tail(log_path), timed_out=timed_out
+    )
