@@ -7,6 +7,8 @@ HOST   ?= 127.0.0.1
 export PORT HOST
 # keep torch-npu (if ever installed) from breaking `import torch` on machines without the Ascend runtime
 export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
+# the venv's tools first: torch.utils.cpp_extension looks for the ninja wheel's `ninja` on PATH
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup run test lint native chromium clean
 
