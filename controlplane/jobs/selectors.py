@@ -31,14 +31,15 @@ def job_of(user, pk: int) -> TrainingJob | None:
 
 
 def strategy_short(strategy: dict | None) -> str:
-    """``tp1-pp1-dp2-ep1`` (the runtime's own short form), or ``—`` for a config without a strategy."""
-    from workers.training.config import ConfigError, ParallelConfig
+    """``tp1-pp1-dp2-ep1`` (the planner's one short name, ``strategy_short_name``), or ``—`` for a config
+    without a (valid) strategy."""
+    from workers.planner.specs import SpecError, strategy_short_name
 
     if not strategy:
         return "—"
     try:
-        return ParallelConfig.from_dict(strategy).short()
-    except ConfigError:
+        return strategy_short_name(strategy)
+    except SpecError:
         return "—"
 
 

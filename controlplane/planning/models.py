@@ -104,8 +104,9 @@ class Plan(TeamOwned):
         indexes = [models.Index(fields=["team", "device_name", "device_count"], name="plan_similarity")]
 
     def __str__(self) -> str:
-        s = self.strategy
-        return self.name or f"tp{s.get('tp')}-pp{s.get('pp')}-dp{s.get('dp')}-ep{s.get('ep')}"
+        from workers.planner.specs import strategy_short_name
+
+        return self.name or strategy_short_name(self.strategy)
 
     def to_contract(self) -> dict:
         """The plan.json document."""

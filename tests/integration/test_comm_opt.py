@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from workers.training.comm import HOOKS, netem
-from workers.training.config import COMM_HOOK_NAMES, ConfigError, JobConfig
+from workers.training.comm_methods import HOOK_NAMES
+from workers.training.config import ConfigError, JobConfig
 from workers.training.parallelize import resolve_bucket_cap_mb
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,7 @@ def _job(**extra) -> JobConfig:
 
 
 def test_config_knows_every_registered_hook_and_rejects_unknown_ones():
-    assert set(COMM_HOOK_NAMES) == set(HOOKS)
+    assert set(HOOK_NAMES) == set(HOOKS)
     assert _job(comm_hook="topk_ef:density=0.01,warmup_steps=5").comm_hook.startswith("topk_ef")
     with pytest.raises(ConfigError, match="comm_hook"):
         _job(comm_hook="gzip")

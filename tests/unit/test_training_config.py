@@ -10,7 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.training.config import ConfigError, JobConfig, ParallelConfig, parse_model, strategy_from_plan
+from workers.planner.specs import SpecError, Strategy, TrainingConfig, strategy_short_name
+from workers.training.config import (
+    ConfigError,
+    JobConfig,
+    ParallelConfig,
+    TrainingSpec,
+    parse_model,
+    strategy_from_plan,
+)
 from workers.training.launch import render_torchrun_command
 from workers.training.metrics import split_comm_compute
 
@@ -63,6 +71,132 @@ def test_invalid_input_names_the_field(strategy, field):
             {"model": tiny_model(), "strategy": strategy, "training": {"global_batch_size": 8}}
         )
     assert err.value.field == field
+
+
+def planner_error_field(parse, doc: dict, prefix: str) -> str:
+    with pytest.raises(SpecError) as err:
+        parse(doc)
+    return f"{prefix}.{err.value.field}"
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {"tp": 0},
+        {"pp": "2"},
+        {"dp": 1.5},
+        {"ep": True},
+        {"cp": -1},
+        {"zero_stage": 4},
+        {"recompute": "some"},
+        {"sequence_parallel": "yes"},
+        {"micro_batch_size": 0},
+        {"pipeline": 2},
+        {"order": "tp-dp"},
+    ],
+)
+def test_runtime_strategy_rejects_what_the_planner_rejects_under_the_same_field(strategy):
+    field = planner_error_field(Strategy.from_dict, strategy, "strategy")
+    with pytest.raises(ConfigError) as err:
+        ParallelConfig.from_dict(strategy)
+    assert err.value.field == field
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict({"model": tiny_model(), "strategy": strategy})
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        {"global_batch_size": 0},
+        {"global_batch_size": "8"},
+        {"dtype": "int4"},
+        {"optimizer": "lion"},
+        {"flash_attention": "yes"},
+    ],
+)
+def test_runtime_training_rejects_what_the_planner_rejects_under_the_same_field(training):
+    field = planner_error_field(TrainingConfig.from_dict, {"global_batch_size": 8, **training}, "training")
+    with pytest.raises(ConfigError) as err:
+        TrainingSpec.from_dict(training)
+    assert err.value.field == field
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict({"model": tiny_model(), "training": training})
+    assert err.value.field == field
+
+
+def test_runtime_defaults_differ_from_the_planner_only_on_purpose():
+    cfg = JobConfig.from_dict({"model": tiny_model()})
+    # one rank, nothing sharded or recomputed where the planner would search; fp32 and a small batch
+    assert cfg.world_size == 1 and cfg.strategy.is_complete
+    assert cfg.strategy == ParallelConfig.from_dict(Strategy().completed().to_dict())
+    assert (cfg.training.global_batch_size, cfg.training.dtype) == (8, "fp32")
+    assert cfg.training.optimizer == TrainingConfig(global_batch_size=8).optimizer
+    # the runtime's classes are the planner's: what the runtime trains, the planner can cost
+    assert isinstance(cfg.strategy, Strategy) and isinstance(cfg.training, TrainingConfig)
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"training": {"dtype": "fp8"}}, "training.dtype"),  # the planner costs fp8; no autocast to it here
+        ({"strategy": {"order": "pp-dp-ep-cp-tp"}}, "strategy.order"),  # one rank placement
+        ({"strategy": {"vpp": 2}}, "strategy.vpp"),  # interleaving needs pipeline stages
+    ],
+)
+def test_runtime_only_rules_still_hold(doc, field):
+    # the planner's parsers accept these documents ...
+    TrainingConfig.from_dict({"global_batch_size": 8, **doc.get("training", {})})
+    Strategy.from_dict(doc.get("strategy", {}))
+    # ... the runtime cannot run them
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict({"model": tiny_model(), **doc})
+    assert err.value.field == field
+
+
+def test_runtime_splits_layers_the_planner_cannot():
+    cfg = JobConfig.from_dict(
+        {"model": {**tiny_model(), "num_layers": 5}, "strategy": {"pp": 2, "micro_batch_size": 2}}
+    )
+    assert cfg.strategy.pp == 2  # 5 layers over 2 stages: 3 + 2
+
+
+def test_every_broken_layout_rule_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict({"model": tiny_model(), "strategy": {"dp": 3, "tp": 3, "cp": 3}})
+    assert err.value.field == "training.global_batch_size"
+    assert {"strategy.tp", "strategy.cp"} <= set(err.value.errors)
+
+
+def test_short_name_keeps_the_plain_form_and_tells_apart_what_differs():
+    assert strategy_short_name({"dp": 2, "micro_batch_size": 2}) == "tp1-pp1-dp2-ep1"
+    assert strategy_short_name(json.loads((EXAMPLES / "dp2.json").read_text())) == "tp1-pp1-dp2-ep1"
+    base = {"tp": 2, "pp": 4, "dp": 8, "ep": 2}
+    variants = [
+        base,
+        {**base, "cp": 2},
+        {**base, "zero_stage": 1},
+        {**base, "recompute": "selective"},
+        {**base, "recompute": "full"},
+        {**base, "vpp": 2},
+        {**base, "sequence_parallel": True},
+    ]
+    names = [strategy_short_name(v) for v in variants]
+    assert len(set(names)) == len(variants)
+    assert strategy_short_name({**base, "cp": 2, "zero_stage": 1, "recompute": "selective"}) == (
+        "tp2-pp4-dp8-ep2-cp2-z1-rsel"
+    )
+    # sequence parallelism without tensor parallelism changes nothing, so it does not change the name
+    assert strategy_short_name({"dp": 2, "sequence_parallel": True}) == "tp1-pp1-dp2-ep1"
+
+
+def test_runtime_plan_and_job_pages_share_one_short_name():
+    for name in ("3d-tp2-pp2-dp1.json", "fsdp2-zero3.json", "tp2-sp.json"):
+        doc = json.loads((EXAMPLES / name).read_text())
+        assert ParallelConfig.from_dict(doc).short_name() == Strategy.from_dict(doc).short_name()
+    assert ParallelConfig.from_dict(json.loads((EXAMPLES / "fsdp2-zero3.json").read_text())).short_name() == (
+        "tp1-pp1-dp2-ep1-z3-rfull"
+    )
 
 
 def test_job_config_round_trips_through_json(tmp_path):

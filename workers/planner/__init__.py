@@ -4,6 +4,7 @@ fastest within memory and predicts its step time.
 Public API (used by the CLI, the Celery tasks and the visualizer)::
 
     ModelSpec, ClusterSpec, TrainingConfig, Strategy   # .from_dict(d) / .to_dict(); SpecError on bad input
+    strategy_short_name(doc) / Strategy.short_name()   # the one short name: tp2-pp4-dp8-ep2-cp2-z1-rsel
     evaluate(model, cluster, training, strategy) -> Plan          # one complete strategy ("what-if")
     search(model, cluster, training, fixed=None, top_k=10, progress=None, should_stop=None) -> SearchResult
     # progress(evaluated, feasible, best_plan_dict | None, fraction 0..1)
@@ -27,6 +28,7 @@ from .specs import (
     Strategy,
     TierSpec,
     TrainingConfig,
+    strategy_short_name,
 )
 
 __all__ = [
@@ -48,4 +50,5 @@ __all__ = [
     "efficiency_for",
     "evaluate",
     "search",
+    "strategy_short_name",
 ]

@@ -516,6 +516,25 @@ STRATEGY_FIELDS = (
     "sequence_parallel",
 )
 
+PLAIN_STRATEGY: dict[str, Any] = {
+    "tp": 1,
+    "pp": 1,
+    "dp": 1,
+    "ep": 1,
+    "cp": 1,
+    "vpp": 1,
+    "micro_batch_size": 1,
+    "recompute": "none",
+    "zero_stage": 0,
+    "sequence_parallel": False,
+}
+"""Each strategy field at the value that adds nothing: one rank, nothing sharded, split or recomputed.
+:meth:`Strategy.completed` fills the fields a strategy leaves open with it; :meth:`Strategy.short_name`
+leaves out the fields at it."""
+
+# the recompute mode in a short name: ``-rsel`` / ``-rfull`` (``none`` is left out)
+RECOMPUTE_SHORT = {"selective": "sel", "full": "full"}
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -595,6 +614,43 @@ class Strategy:
     def is_complete(self) -> bool:
         return all(getattr(self, name) is not None for name in STRATEGY_FIELDS)
 
+    def completed(self) -> Strategy:
+        """This strategy with every field it leaves open (None) at its :data:`PLAIN_STRATEGY` value."""
+        return dataclasses.replace(
+            self, **{k: v for k, v in PLAIN_STRATEGY.items() if getattr(self, k) is None}
+        )
+
+    def short_name(self) -> str:
+        """The one short name of a strategy, wherever one is shown (plans, jobs, the runtime's events)::
+
+            tp{tp}-pp{pp}-dp{dp}-ep{ep}[-cp{cp}][-vpp{vpp}][-z{zero_stage}][-r{sel|full}][-sp]
+
+        The four degrees always; ``cp``/``vpp`` above 1, the ZeRO stage above 0, the recompute mode other than
+        ``none`` and ``sp`` (sequence parallelism, only with ``tp > 1``: it is a no-op without) when set, in
+        that order: ``tp1-pp1-dp2-ep1``, ``tp2-pp4-dp8-ep2-cp2-z1-rsel``, ``tp8-pp8-dp16-ep1-z1-rfull-sp``.
+        ``micro_batch_size`` is left out (a batching choice, not a layout: a job keeps its name across batch
+        sizes), and so is ``order`` (one per search; the runtime places ranks in the default order).
+        Open fields are named at their :data:`PLAIN_STRATEGY` value."""
+        s = self.completed()
+        parts = [f"tp{s.tp}", f"pp{s.pp}", f"dp{s.dp}", f"ep{s.ep}"]
+        if s.cp > 1:
+            parts.append(f"cp{s.cp}")
+        if s.vpp > 1:
+            parts.append(f"vpp{s.vpp}")
+        if s.zero_stage:
+            parts.append(f"z{s.zero_stage}")
+        if s.recompute != "none":
+            parts.append(f"r{RECOMPUTE_SHORT[s.recompute]}")
+        if s.sequence_parallel and s.tp > 1:
+            parts.append("sp")
+        return "-".join(parts)
+
+
+def strategy_short_name(doc: dict[str, Any] | None) -> str:
+    """:meth:`Strategy.short_name` of a (partial) ``strategy.json`` document; omitted fields count as their
+    :data:`PLAIN_STRATEGY` value. Raises :class:`SpecError` when the document breaks the contract."""
+    return Strategy.from_dict(doc).short_name()
+
 
 def load_inputs(model: dict, cluster: dict, training: dict) -> tuple[ModelSpec, ClusterSpec, TrainingConfig]:
     """Parse the three documents, reporting the errors of all of them at once (fields prefixed with
@@ -621,7 +677,9 @@ __all__ = [
     "DTYPES",
     "DTYPE_BYTES",
     "OPTIMIZERS",
+    "PLAIN_STRATEGY",
     "RECOMPUTE_MODES",
+    "RECOMPUTE_SHORT",
     "STRATEGY_FIELDS",
     "ClusterSpec",
     "DeviceSpec",
@@ -633,4 +691,5 @@ __all__ = [
     "TierSpec",
     "TrainingConfig",
     "load_inputs",
+    "strategy_short_name",
 ]

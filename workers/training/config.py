@@ -1,11 +1,14 @@
 """The run's configuration, parsed from the public contracts (``model.json``, ``strategy.json``,
 ``training.json``, ``plan.json``) plus runtime knobs.
 
-``model.json`` is read by the planner's own parser (:class:`workers.planner.specs.ModelSpec`), so a model
-the planner costs is the model the runtime trains: same fields, same defaults, same rules; the runtime
-only adds what it needs on top (:func:`parse_model`). ``strategy.json``/``training.json`` keep runtime
-classes here because their defaults differ on purpose (fp32 on CPU, one rank unless told). Every
-validation error is a :class:`ConfigError` naming the offending field, so the CLI can print it and exit 2.
+One parser per contract: ``model.json``, ``strategy.json`` and ``training.json`` are read by the planner's
+own parsers (:class:`~workers.planner.specs.ModelSpec`, :class:`~workers.planner.specs.Strategy`,
+:class:`~workers.planner.specs.TrainingConfig`), so what the planner costs is what the runtime trains: same
+fields, types, ranges and errors. The runtime adds only what is its own: what it cannot do (yet), the
+defaults that differ on purpose (one rank, fp32, a small batch: a run that says nothing is a small CPU run;
+:class:`ParallelConfig`, :class:`TrainingSpec`) and the model-dependent layout rules
+(:meth:`JobConfig.validate`: the planner's own where the runtime needs the same). Every validation error is a :class:`ConfigError` naming the offending
+field (``strategy.tp``, ``training.global_batch_size``), so the CLI can print it and exit 2.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from workers.planner.specs import ModelSpec, MoESpec, SpecError
+from workers.planner.search import ep_rule, tp_rule
+from workers.planner.specs import ModelSpec, MoESpec, SpecError, Strategy, TrainingConfig
+from workers.training.comm_methods import HOOK_NAMES
 
 # The runtime's names for the planner's model classes (the runtime adds checks, not fields).
 ModelConfig = ModelSpec
@@ -50,13 +55,15 @@ def _float(d: dict, key: str, prefix: str, default: float) -> float:
     return float(value)
 
 
-def _choice(d: dict, key: str, prefix: str, choices: tuple[str, ...], default: str) -> str:
-    value = d.get(key, default)
-    if value is None:
-        value = default
-    if value not in choices:
-        raise ConfigError(f"{prefix}.{key}", f"must be one of {'|'.join(choices)}, got {value!r}")
-    return value
+def _planner_parse(parse, d: Any, doc: str):
+    """``parse(d)`` with the planner's parser; its :class:`SpecError` as a :class:`ConfigError` whose fields
+    are prefixed with ``doc.`` (``strategy.tp``)."""
+    if not isinstance(d, dict):
+        raise ConfigError(doc, f"must be a JSON object, got {type(d).__name__}")
+    try:
+        return parse(d)
+    except SpecError as exc:
+        raise ConfigError(exc.prefixed(doc).errors) from None
 
 
 def parse_model(d: Any) -> ModelSpec:
@@ -64,12 +71,7 @@ def parse_model(d: Any) -> ModelSpec:
     (rotary embeddings), at least 256 tokens of vocabulary (byte-level data), 2+ tokens a sequence and
     separate input/output embeddings. MoE routing is dropless: ``capacity_factor`` and ``load_imbalance``
     are planner figures; the runtime measures the real imbalance (``expert_load``)."""
-    if not isinstance(d, dict):
-        raise ConfigError("model", f"must be a JSON object, got {type(d).__name__}")
-    try:
-        m = ModelSpec.from_dict(d)
-    except SpecError as exc:
-        raise ConfigError(exc.prefixed("model").errors) from None
+    m = _planner_parse(ModelSpec.from_dict, d, "model")
     if m.head_dim % 2:
         raise ConfigError("model.hidden_size", "hidden_size / num_attention_heads must be even (rotary)")
     if m.vocab_size < 256:
@@ -84,103 +86,70 @@ def parse_model(d: Any) -> ModelSpec:
     return m
 
 
-@dataclass(frozen=True)
-class ParallelConfig:
-    """``strategy.json``: one point of the search space. ``tp*pp*dp*cp`` = world size."""
+# The runtime's rank placement: ParallelDims.build_mesh lays ranks out as (pp, dp, cp, tp), tp innermost.
+RUNTIME_ORDER = "tp-cp-ep-dp-pp"
 
-    tp: int = 1
-    """Tensor-parallel degree: DTensor ``ColwiseParallel``/``RowwiseParallel`` on attention and MLP."""
-    pp: int = 1
-    """Pipeline stages: ``torch.distributed.pipelining`` (1F1B, or interleaved 1F1B when ``vpp > 1``)."""
-    dp: int = 1
-    """Data-parallel degree: DDP (``zero_stage`` 0) or FSDP2 ``fully_shard`` (``zero_stage`` 1-3)."""
-    ep: int = 1
-    """Expert-parallel degree: experts sharded over ``ep`` data-parallel ranks, all-to-all dispatch."""
-    cp: int = 1
-    """Context-parallel degree: each sequence split over ``cp`` ranks in ``2*cp`` load-balanced chunks,
-    keys/values all-gathered for attention (Llama 3's all-gather context parallelism)."""
-    vpp: int = 1
-    """Virtual pipeline stages per rank (interleaved 1F1B)."""
-    micro_batch_size: int = 1
-    """Sequences per micro-batch; ``global_batch_size / (dp * micro_batch_size)`` micro-batches a step."""
-    recompute: str = "none"
-    """Activation checkpointing: ``none``, ``selective`` (attention core recomputed), ``full`` (per block)."""
-    zero_stage: int = 0
-    """0 = DDP; 1/2 = FSDP2 without resharding after forward; 3 = FSDP2 resharding after forward."""
-    sequence_parallel: bool = False
-    """With ``tp > 1``: norms and residual stream sharded on the sequence dimension (``SequenceParallel``)."""
+
+@dataclass(frozen=True)
+class ParallelConfig(Strategy):
+    """``strategy.json`` as the runtime runs it: the planner's :class:`Strategy` (same fields, same parser),
+    complete. ``tp*pp*dp*cp`` = world size. How the runtime realises each field:
+
+    - ``tp``: DTensor ``ColwiseParallel``/``RowwiseParallel`` on attention and MLP (experts are not split).
+    - ``pp``: ``torch.distributed.pipelining`` stages (1F1B, interleaved 1F1B when ``vpp > 1``); unlike the
+      planner the runtime splits layers unevenly when ``pp*vpp`` does not divide them.
+    - ``dp``: DDP (``zero_stage`` 0) or FSDP2 ``fully_shard`` (1/2 without resharding after forward, 3 with).
+    - ``ep``: experts sharded over ``ep`` of the ``dp*cp`` ranks of a stage, all-to-all dispatch.
+    - ``cp``: each sequence split over ``cp`` ranks in ``2*cp`` load-balanced chunks, keys/values
+      all-gathered for attention (Llama 3's all-gather context parallelism).
+    - ``micro_batch_size``: ``global_batch_size / (dp * micro_batch_size)`` micro-batches a step.
+    - ``recompute``: activation checkpointing, ``selective`` (attention core) or ``full`` (per block).
+    - ``sequence_parallel``: with ``tp > 1``, norms and residual stream sharded on the sequence dimension.
+    """
 
     @classmethod
-    def from_dict(cls, d: dict) -> ParallelConfig:
-        if not isinstance(d, dict):
-            raise ConfigError("strategy", "must be a JSON object")
-        p = "strategy"
-        sp = d.get("sequence_parallel", False)
-        if not isinstance(sp, bool):
-            raise ConfigError(f"{p}.sequence_parallel", f"must be true or false, got {sp!r}")
-        zero = _int(d, "zero_stage", p, minimum=0, default=0)
-        if zero > 3:
-            raise ConfigError(f"{p}.zero_stage", f"must be 0-3, got {zero}")
-        cfg = cls(
-            tp=_int(d, "tp", p, default=1),
-            pp=_int(d, "pp", p, default=1),
-            dp=_int(d, "dp", p, default=1),
-            ep=_int(d, "ep", p, default=1),
-            cp=_int(d, "cp", p, default=1),
-            vpp=_int(d, "vpp", p, default=1),
-            micro_batch_size=_int(d, "micro_batch_size", p, default=1),
-            recompute=_choice(d, "recompute", p, ("none", "selective", "full"), "none"),
-            zero_stage=zero,
-            sequence_parallel=sp,
-        )
-        if (cfg.dp * cfg.cp) % cfg.ep:
-            raise ConfigError(f"{p}.ep", f"must divide dp*cp ({cfg.dp * cfg.cp}), got {cfg.ep}")
-        if cfg.vpp > 1 and cfg.pp == 1:
-            raise ConfigError(f"{p}.vpp", "virtual pipeline stages need pp > 1")
-        return cfg
+    def from_dict(cls, d: Any) -> ParallelConfig:
+        s = _planner_parse(Strategy.from_dict, d, "strategy")
+        if s.order != RUNTIME_ORDER:
+            raise ConfigError(
+                "strategy.order", f"the runtime places ranks {RUNTIME_ORDER} only, got {s.order!r}"
+            )
+        # Runtime default, on purpose: a field left out is one rank, nothing sharded or recomputed
+        # (PLAIN_STRATEGY) — a CPU run by default — where the planner would search it.
+        return cls(**{f.name: getattr(s, f.name) for f in fields(s)}).completed()
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
 
-    def short(self) -> str:
-        extra = []
-        if self.zero_stage:
-            extra.append(f"zero{self.zero_stage}")
-        if self.sequence_parallel and self.tp > 1:
-            extra.append("sp")
-        if self.recompute != "none":
-            extra.append(f"ac-{self.recompute}")
-        degrees = (
-            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-ep{self.ep}"
-            + (f"-cp{self.cp}" if self.cp > 1 else "")
-            + (f"-vpp{self.vpp}" if self.vpp > 1 else "")
-        )
-        return "-".join([degrees, *extra])
+
+# Runtime defaults that differ from the planner's on purpose: a training.json that says nothing is a small
+# CPU run, in fp32 (bf16/fp16 autocast on CPU is slow and lossy) with 8 sequences a step (the planner
+# requires a batch size). Everything else (optimizer "adam", the flags) is the planner's default.
+RUNTIME_TRAINING_DEFAULTS: dict[str, Any] = {"global_batch_size": 8, "dtype": "fp32"}
+# compute dtypes the runtime can autocast to (fp32 = no autocast); the planner also costs fp8
+RUNTIME_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
-class TrainingSpec:
-    """``training.json``."""
-
-    global_batch_size: int = 8
-    """Sequences per optimizer step, across all data-parallel ranks."""
-    dtype: str = "fp32"
-    """Compute dtype (``fp32``, ``bf16`` or ``fp16`` autocast; master weights stay fp32)."""
-    optimizer: str = "adamw"
-    """``adam``/``adamw`` (torch.optim.AdamW) or ``sgd``."""
+class TrainingSpec(TrainingConfig):
+    """``training.json`` as the runtime runs it: the planner's :class:`TrainingConfig` (same fields, same
+    parser) with :data:`RUNTIME_TRAINING_DEFAULTS`. ``adam``/``adamw`` both run ``torch.optim.AdamW``
+    (identical without weight decay); ``flash_attention``/``overlap_grad_reduce`` are planner figures: the
+    runtime always uses ``scaled_dot_product_attention`` and DDP/FSDP's bucketed overlap."""
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> TrainingSpec:
-        d = d or {}
-        if not isinstance(d, dict):
-            raise ConfigError("training", "must be a JSON object")
-        p = "training"
-        return cls(
-            global_batch_size=_int(d, "global_batch_size", p, default=8),
-            dtype=_choice(d, "dtype", p, ("fp32", "bf16", "fp16"), "fp32"),
-            optimizer=_choice(d, "optimizer", p, ("adam", "adamw", "sgd"), "adamw"),
-        )
+    def from_dict(cls, d: Any) -> TrainingSpec:
+        d = {} if d is None else d
+        if isinstance(d, dict):
+            given = {k: v for k, v in d.items() if v is not None}
+            d = {**RUNTIME_TRAINING_DEFAULTS, **given}
+        t = _planner_parse(TrainingConfig.from_dict, d, "training")
+        if t.dtype not in RUNTIME_DTYPES:
+            raise ConfigError(
+                "training.dtype", f"the runtime trains in {', '.join(RUNTIME_DTYPES)}, got {t.dtype!r}"
+            )
+        return cls(**{f.name: getattr(t, f.name) for f in fields(t)})
 
 
 @dataclass
@@ -188,8 +157,8 @@ class JobConfig:
     """Everything one training run needs. Serialised to JSON for ``python -m workers.training.run``."""
 
     model: ModelConfig
-    strategy: ParallelConfig = field(default_factory=ParallelConfig)
-    training: TrainingSpec = field(default_factory=TrainingSpec)
+    strategy: ParallelConfig = field(default_factory=lambda: ParallelConfig.from_dict({}))
+    training: TrainingSpec = field(default_factory=lambda: TrainingSpec.from_dict({}))
     steps: int = 10
     """Optimizer steps to run (counted from ``start_step`` on resume)."""
     lr: float = 3e-3
@@ -242,62 +211,71 @@ class JobConfig:
         return self.local_batch_size // self.strategy.micro_batch_size
 
     def validate(self) -> JobConfig:
+        """The layout rules that need the model, every broken one at once (the first names ``field``).
+
+        The planner's own rules where the runtime needs the same (:func:`~workers.planner.search.tp_rule`,
+        :func:`~workers.planner.search.ep_rule`, the batch split); the runtime's where it needs more (``2*cp``
+        chunks, sequence-parallel shards, at least ``pp`` micro-batches, ``vpp`` needs ``pp > 1``) or can do
+        more (uneven pipeline stages: ``pp*vpp <= num_layers`` instead of the planner's ``pp | num_layers``).
+        """
         s, m = self.strategy, self.model
+        errors: dict[str, list[str]] = {}
+
+        def fail(name: str, message: str | None) -> None:
+            if message:
+                errors.setdefault(name, []).append(message)
+
         gbs = self.training.global_batch_size
-        if gbs % (s.dp * s.micro_batch_size):
-            raise ConfigError(
+        # the planner's batch split rule; keyed on the batch size, as the API has always reported it
+        batch_splits = gbs % (s.dp * s.micro_batch_size) == 0
+        if not batch_splits:
+            fail(
                 "training.global_batch_size",
                 f"must be divisible by dp*micro_batch_size ({s.dp}*{s.micro_batch_size}), got {gbs}",
             )
-        if s.tp > 1:
-            if m.num_attention_heads % s.tp or m.num_kv_heads % s.tp:
-                raise ConfigError(
-                    "strategy.tp", f"must divide num_attention_heads and num_kv_heads, got {s.tp}"
-                )
-            if m.ffn_hidden_size % s.tp:
-                raise ConfigError("strategy.tp", f"must divide ffn_hidden_size ({m.ffn_hidden_size})")
-            if s.sequence_parallel and m.seq_length % s.tp:
-                raise ConfigError(
-                    "strategy.sequence_parallel", f"seq_length must be divisible by tp ({s.tp})"
-                )
-        if s.cp > 1:
-            if m.seq_length % (2 * s.cp):
-                raise ConfigError(
-                    "strategy.cp",
-                    f"2*cp ({2 * s.cp}) must divide seq_length ({m.seq_length}): load-balanced chunks",
-                )
-            if s.sequence_parallel and s.tp > 1 and (m.seq_length // s.cp) % s.tp:
-                raise ConfigError(
-                    "strategy.sequence_parallel",
-                    f"seq_length / cp ({m.seq_length // s.cp}) must be divisible by tp ({s.tp})",
-                )
+        fail("strategy.tp", tp_rule(m, s.tp))
+        if s.sequence_parallel and s.tp > 1 and (m.seq_length // s.cp) % s.tp:
+            fail(
+                "strategy.sequence_parallel",
+                f"seq_length / cp ({m.seq_length // s.cp}) must be divisible by tp ({s.tp}): sequence shards",
+            )
+        if s.cp > 1 and m.seq_length % (2 * s.cp):
+            fail(
+                "strategy.cp",
+                f"2*cp ({2 * s.cp}) must divide seq_length ({m.seq_length}): load-balanced chunks",
+            )
+        if s.vpp > 1 and s.pp == 1:
+            fail("strategy.vpp", "virtual pipeline stages need pp > 1")
         if s.pp * s.vpp > m.num_layers:
-            raise ConfigError("strategy.pp", f"pp*vpp ({s.pp * s.vpp}) exceeds num_layers ({m.num_layers})")
-        if s.pp > 1 and self.num_microbatches < s.pp:
-            raise ConfigError(
+            fail("strategy.pp", f"pp*vpp ({s.pp * s.vpp}) exceeds num_layers ({m.num_layers})")
+        if batch_splits and s.pp > 1 and self.num_microbatches < s.pp:
+            fail(
                 "strategy.micro_batch_size",
                 f"pipeline needs at least pp ({s.pp}) micro-batches per step, "
                 f"got {self.num_microbatches} (global_batch_size/(dp*micro_batch_size))",
             )
-        if s.ep > 1:
-            if m.moe is None:
-                raise ConfigError("strategy.ep", "expert parallelism needs an MoE model (model.moe)")
-            if m.moe.num_experts % s.ep:
-                raise ConfigError("strategy.ep", f"must divide model.moe.num_experts ({m.moe.num_experts})")
+        fail("strategy.ep", ep_rule(m, s.ep, s.dp, s.cp))
         if self.steps < 1:
-            raise ConfigError("steps", "must be >= 1")
+            fail("steps", "must be >= 1")
         if self.comm_hook and s.zero_stage != 0:
-            raise ConfigError("comm_hook", "DDP communication hooks apply to zero_stage 0 only")
+            fail("comm_hook", "DDP communication hooks apply to zero_stage 0 only")
         if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:
-            raise ConfigError("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
+            fail("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
         if self.inter_node_GBps is not None and self.inter_node_GBps <= 0:
-            raise ConfigError("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
+            fail("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
         if self.inter_node_latency_us < 0:
-            raise ConfigError("inter_node_latency_us", f"must be >= 0, got {self.inter_node_latency_us}")
+            fail("inter_node_latency_us", f"must be >= 0, got {self.inter_node_latency_us}")
+        if errors:
+            raise ConfigError(errors)
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The runtime knobs plus ``model``/``strategy``/``training`` in their contract shapes."""
+        d = asdict(self)
+        d.update(
+            model=self.model.to_dict(), strategy=self.strategy.to_dict(), training=self.training.to_dict()
+        )
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobConfig:
@@ -338,18 +316,11 @@ class JobConfig:
         return cls.from_dict(read_json(path, "config"))
 
 
-COMM_HOOK_NAMES = ("allreduce", "bf16", "fp16", "hierarchical", "powerSGD", "sign_ef", "topk_ef")
-"""The keys of ``workers.training.comm.HOOKS`` (kept here so that validating a config never imports torch;
-a test pins the two together)."""
-
-
 def _check_comm_hook(spec: str) -> None:
     """``name[:key=value,...]`` with a known name (the hook itself checks the option names when built)."""
     name, _, rest = spec.partition(":")
-    if name.strip() not in COMM_HOOK_NAMES:
-        raise ConfigError(
-            "comm_hook", f"unknown hook {name.strip()!r}; choose from {', '.join(COMM_HOOK_NAMES)}"
-        )
+    if name.strip() not in HOOK_NAMES:
+        raise ConfigError("comm_hook", f"unknown hook {name.strip()!r}; choose from {', '.join(HOOK_NAMES)}")
     for item in filter(None, (part.strip() for part in rest.split(","))):
         if "=" not in item:
             raise ConfigError("comm_hook", f"option {item!r} is not key=value")

@@ -319,7 +319,7 @@ class Trainer:
         return {
             "state": "started",
             "world_size": self.world_size,
-            "strategy": cfg.strategy.short(),
+            "strategy": cfg.strategy.short_name(),
             "device": self.device_choice.kind,
             "backend": self.device_choice.backend,
             "device_note": self.device_choice.explain(),
@@ -369,7 +369,7 @@ class Trainer:
         step_time = sum(r.step_time_s for r in steady) / len(steady)
         out = {
             "world_size": self.world_size,
-            "strategy": self.cfg.strategy.short(),
+            "strategy": self.cfg.strategy.short_name(),
             "strategy_config": {
                 k: getattr(self.cfg.strategy, k) for k in self.cfg.strategy.__dataclass_fields__
             },
