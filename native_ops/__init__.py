@@ -6,7 +6,7 @@ Importing this package compiles nothing. The extension is JIT-built by ``python 
 or ``CANN_TRAIN_NATIVE=off``, the kernels come from :mod:`native_ops.reference` (identical semantics,
 slower) and the reason is logged once. ``CANN_TRAIN_NATIVE=prebuilt`` loads a finished build only.
 
-Public kernels (all tensors on CPU; gradients/residuals are 1-D contiguous float32):
+Public kernels (gradients/residuals are 1-D contiguous; residuals float32):
 
 - ``topk_compress(x, density=None, *, k=None, value_dtype=torch.float16) -> (indices int32, values)``
 - ``topk_ef_compress(grad, residual, density=None, *, k=None, value_dtype=..., scale=1.0)``:
@@ -18,9 +18,9 @@ Public kernels (all tensors on CPU; gradients/residuals are 1-D contiguous float
 - ``sign_decompress_add(out, bits, scales, chunk=4096, alpha=1.0)``
 - ``ef_update(residual, grad, decompressed, scale=1.0)``: ``residual += scale*grad - decompressed``.
 
-Where Ascend C / CUDA kernels plug in: ``_backend()`` picks one module exposing the functions of
-``reference.py``; a device build (``csrc/*.cu`` or an Ascend C op registered through torch_npu) is one
-more candidate chosen by the device of the tensors (see docs/comm.md).
+Which implementation runs is decided per call by :func:`kernels_for` from the tensors: CPU float32 → the
+C++/OpenMP extension (or its reference fallback); any other device (CUDA, NPU) or dtype → the pure-torch
+kernels of :mod:`native_ops.reference`, which run on the tensors' own device (docs/comm.md, "Device path").
 """
 
 from __future__ import annotations
@@ -165,6 +165,23 @@ def fallback_reason() -> str:
     return _fallback_reason
 
 
+def kernels_for(*buffers: torch.Tensor, inputs: tuple[torch.Tensor, ...] = ()) -> ModuleType:
+    """The kernel module for one call: the C++ extension (:func:`load`) when every ``buffers`` tensor (the
+    gradient, residual or output) is a CPU float32 tensor and every ``inputs`` tensor (indices, values,
+    bits, scales) is on the CPU; :mod:`native_ops.reference` otherwise.
+
+    Why by device: the C++ kernels dereference host pointers and take float32 only. On an accelerator,
+    torch's own ops (``torch.topk``, ``index_add_``, comparisons, shifts) already are device kernels queued
+    on the bucket's stream, so the pure-torch twin *is* the device path: same results, no host round trip
+    of the bucket. A hand-written CUDA / Ascend C kernel would be chosen here, by ``device.type``, once it
+    measures faster than those ops (``bench/compress_kernels.py --device cuda``)."""
+    if all(t.device.type == "cpu" and t.dtype == torch.float32 for t in buffers) and all(
+        t.device.type == "cpu" for t in inputs
+    ):
+        return load()
+    return reference
+
+
 def k_for_density(n: int, density: float) -> int:
     """Number of elements kept at ``density`` (at least 1 for a non-empty tensor and density > 0)."""
     if not 0.0 <= density <= 1.0:
@@ -187,7 +204,7 @@ def topk_compress(
     k: int | None = None,
     value_dtype: torch.dtype = torch.float16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    idx, vals = load().topk_compress(x, _k(x.numel(), density, k), value_dtype)
+    idx, vals = kernels_for(x).topk_compress(x, _k(x.numel(), density, k), value_dtype)
     return idx, vals
 
 
@@ -200,7 +217,7 @@ def topk_ef_compress(
     value_dtype: torch.dtype = torch.float16,
     scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    idx, vals = load().topk_ef_compress(
+    idx, vals = kernels_for(grad, residual).topk_ef_compress(
         grad, residual, _k(grad.numel(), density, k), value_dtype, float(scale)
     )
     return idx, vals
@@ -209,31 +226,31 @@ def topk_ef_compress(
 def topk_decompress_add(
     out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, alpha: float = 1.0
 ) -> None:
-    load().topk_decompress_add(out, indices, values, float(alpha))
+    kernels_for(out, inputs=(indices, values)).topk_decompress_add(out, indices, values, float(alpha))
 
 
 def sign_compress(x: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    bits, scales = load().sign_compress(x, int(chunk))
+    bits, scales = kernels_for(x).sign_compress(x, int(chunk))
     return bits, scales
 
 
 def sign_ef_compress(
     grad: torch.Tensor, residual: torch.Tensor, chunk: int = 4096, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    bits, scales = load().sign_ef_compress(grad, residual, int(chunk), float(scale))
+    bits, scales = kernels_for(grad, residual).sign_ef_compress(grad, residual, int(chunk), float(scale))
     return bits, scales
 
 
 def sign_decompress_add(
     out: torch.Tensor, bits: torch.Tensor, scales: torch.Tensor, chunk: int = 4096, alpha: float = 1.0
 ) -> None:
-    load().sign_decompress_add(out, bits, scales, int(chunk), float(alpha))
+    kernels_for(out, inputs=(bits, scales)).sign_decompress_add(out, bits, scales, int(chunk), float(alpha))
 
 
 def ef_update(
     residual: torch.Tensor, grad: torch.Tensor, decompressed: torch.Tensor, scale: float = 1.0
 ) -> None:
-    load().ef_update(residual, grad, decompressed, float(scale))
+    kernels_for(residual, grad, decompressed).ef_update(residual, grad, decompressed, float(scale))
 
 
 __all__ = [
@@ -243,6 +260,7 @@ __all__ = [
     "ef_update",
     "fallback_reason",
     "k_for_density",
+    "kernels_for",
     "load",
     "reference",
     "sign_compress",

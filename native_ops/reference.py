@@ -1,9 +1,16 @@
-"""Pure-torch reference kernels: the fallback when the C++ extension cannot be built, and the test oracle.
+"""Pure-torch kernels: the fallback when the C++ extension cannot be built, the test oracle, and the
+device path (CUDA, NPU, and buckets that are not float32).
 
 Every function has the same signature and the same bit-exact semantics as its counterpart in
-``csrc/compress.cpp`` (see the header comment there); ``tests/unit/test_native_ops.py`` compares them.
-Multiplications by ``scale``/``alpha`` are done as a separate multiply then add (two roundings), as the
-C++ code (built with ``-ffp-contract=off``) does, so results match bit for bit.
+``csrc/compress.cpp`` (see the header comment there); ``tests/unit/test_native_ops.py`` and
+``tests/unit/test_compression_device.py`` compare them. Multiplications by ``scale``/``alpha`` are done
+as a separate multiply then add (two roundings), as the C++ code (built with ``-ffp-contract=off``) does,
+so results match bit for bit.
+
+Device-generic: only torch ops, every tensor made here is made on the input's device, and nothing goes
+through the host except the sizes ``torch.nonzero`` returns (one sync per top-k, one per decode's range
+check). Gradients may be float16/bfloat16/float32: error feedback and decoding accumulate in float32 (the
+residual is float32) and round into a lower-precision ``out`` once, at the end.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ FP16_MAX = 65504.0
 
 
 def _accumulate(residual: torch.Tensor, grad: torch.Tensor, scale: float) -> torch.Tensor:
-    """``residual + scale * grad`` with two roundings (no fused multiply-add)."""
+    """``residual + scale * grad`` in float32 with two roundings (no fused multiply-add)."""
+    grad = grad.float()  # no copy for float32
     return residual + grad * scale if scale != 1.0 else residual + grad
 
 
@@ -31,9 +39,9 @@ def topk_select(x: torch.Tensor, k: int) -> torch.Tensor:
     n = x.numel()
     k = max(0, min(int(k), n))
     if k == n:
-        return torch.arange(n, dtype=torch.int32)
+        return torch.arange(n, dtype=torch.int32, device=x.device)
     if k == 0:
-        return torch.empty(0, dtype=torch.int32)
+        return torch.empty(0, dtype=torch.int32, device=x.device)
     mag = x.abs()
     kth = torch.topk(mag, k, sorted=False).values.min()
     above = torch.nonzero(mag > kth).flatten()
@@ -58,38 +66,48 @@ def topk_ef_compress(
     return [idx, vals]
 
 
+def _float32_target(out: torch.Tensor) -> torch.Tensor:
+    """Where decoding accumulates: ``out`` itself if float32, else a float32 copy (copied back once)."""
+    return out if out.dtype == torch.float32 else out.float()
+
+
 def topk_decompress_add(out: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, alpha: float) -> None:
     k = idx.shape[-1]
-    rows_i = idx.reshape(-1, k)
-    rows_v = vals.float().reshape(-1, k)
-    for ri, rv in zip(rows_i, rows_v, strict=True):
-        if ri.numel() and (int(ri.min()) < 0 or int(ri.max()) >= out.numel()):
-            raise RuntimeError("top-k index out of range")
-        out.index_add_(0, ri.long(), rv * alpha if alpha != 1.0 else rv)
+    # The messages may arrive elsewhere than `out` (a gathered buffer copied to the host): decode on `out`.
+    rows_i = idx.to(out.device).reshape(-1, k).long()
+    rows_v = vals.to(out.device, torch.float32).reshape(-1, k)
+    if rows_i.numel() and bool(((rows_i < 0) | (rows_i >= out.numel())).any()):
+        raise RuntimeError("top-k index out of range")
+    acc = _float32_target(out)
+    for ri, rv in zip(rows_i, rows_v, strict=True):  # rows in order; indices within a row are unique
+        acc.index_add_(0, ri, rv * alpha if alpha != 1.0 else rv)
+    if acc is not out:
+        out.copy_(acc)
 
 
 def _chunk_scales(x: torch.Tensor, chunk: int) -> torch.Tensor:
     n = x.numel()
     nchunks = (n + chunk - 1) // chunk
-    padded = torch.zeros(nchunks * chunk, dtype=torch.float64)
+    padded = torch.zeros(nchunks * chunk, dtype=torch.float64, device=x.device)
     padded[:n] = x.abs().double()
-    lengths = torch.full((nchunks,), float(chunk), dtype=torch.float64)
+    lengths = torch.full((nchunks,), float(chunk), dtype=torch.float64, device=x.device)
     lengths[-1] = n - (nchunks - 1) * chunk
     return (padded.view(nchunks, chunk).sum(1) / lengths).float()
 
 
-_BIT_WEIGHTS = (1 << torch.arange(8)).to(torch.uint8)
+def _bit_positions(device: torch.device) -> torch.Tensor:
+    return torch.arange(8, dtype=torch.uint8, device=device)
 
 
 def _pack_bits(neg: torch.Tensor) -> torch.Tensor:
     n = neg.numel()
-    padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8)
+    padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=neg.device)
     padded[:n] = neg.to(torch.uint8)
-    return (padded.view(-1, 8) * _BIT_WEIGHTS).sum(1, dtype=torch.uint8)
+    return (padded.view(-1, 8) << _bit_positions(neg.device)).sum(1, dtype=torch.uint8)
 
 
 def _unpack_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
-    return ((bits[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[:n].bool()
+    return ((bits[:, None] >> _bit_positions(bits.device)) & 1).flatten()[:n].bool()
 
 
 def _check_chunk(chunk: int) -> None:
@@ -124,14 +142,15 @@ def sign_decompress_add(
     _check_chunk(chunk)
     n = out.numel()
     nbytes, nchunks = (n + 7) // 8, (n + chunk - 1) // chunk
-    for row_bits, row_scales in zip(bits.reshape(-1, nbytes), scales.reshape(-1, nchunks), strict=True):
+    rows_bits = bits.to(out.device).reshape(-1, nbytes)
+    rows_scales = scales.to(out.device).reshape(-1, nchunks)
+    acc = _float32_target(out)
+    for row_bits, row_scales in zip(rows_bits, rows_scales, strict=True):  # rows in order
         s = row_scales * alpha if alpha != 1.0 else row_scales
-        out.add_(_sign_values(_unpack_bits(row_bits, n), s, chunk))
+        acc.add_(_sign_values(_unpack_bits(row_bits, n), s, chunk))
+    if acc is not out:
+        out.copy_(acc)
 
 
 def ef_update(residual: torch.Tensor, grad: torch.Tensor, decompressed: torch.Tensor, scale: float) -> None:
     residual.copy_(_accumulate(residual, grad, scale) - decompressed)
-
-
-def openmp_max_threads() -> int:
-    return torch.get_num_threads()

@@ -73,6 +73,6 @@ def row_slice_as(rows: torch.Tensor, start: int, stop: int, dtype: torch.dtype) 
 
     Always copies into a fresh buffer: a row stride of ``m`` bytes is not a multiple of 4 in general,
     and ``.contiguous()`` would not copy a single-row tensor (then ``.view(int32)`` fails)."""
-    out = torch.empty((rows.shape[0], stop - start), dtype=torch.uint8)
+    out = torch.empty((rows.shape[0], stop - start), dtype=torch.uint8, device=rows.device)
     out.copy_(rows[:, start:stop])
     return out.view(dtype)

@@ -5,13 +5,14 @@
 - scaled sign compression with error feedback (Bernstein et al. 2018 signSGD; Karimireddy et al. 2019
   EF-SignSGD).
 
-Each rank adds its (1/W-scaled) gradient to its residual, compresses the sum with a fused native kernel
-(``native_ops``), keeps what it did not send as the new residual, and exchanges the compressed message
-with one ``all_gather_single`` (indices+values packed into one uint8 buffer: there is no sparse
-all-reduce; every rank then scatter-adds the W messages in rank order, so all replicas get bit-identical
-gradients). When the sparse message would put more bytes on the wire than a dense fp32 ring all-reduce
-(``k*bytes_per_entry*W >= 8n``, e.g. density 1.0), the bucket is all-reduced densely instead, in fp32,
-exactly as plain DDP does (divide by W, sum).
+Each rank adds its (1/W-scaled) gradient to its residual, compresses the sum with a fused kernel
+(``native_ops``: C++/OpenMP for CPU float32 buckets, torch ops on the bucket's device for CUDA/NPU or
+bf16/fp16 buckets; the residual is float32), keeps what it did not send as the new residual, and
+exchanges the compressed message with one ``all_gather_single`` (indices+values packed into one uint8
+buffer: there is no sparse all-reduce; every rank then scatter-adds the W messages in rank order, so all
+replicas get bit-identical gradients). When the sparse message would put more bytes on the wire than a
+dense fp32 ring all-reduce (``k*bytes_per_entry*W >= 8n``, e.g. density 1.0), the bucket is all-reduced
+densely instead, in the bucket's dtype, exactly as plain DDP does (divide by W, sum).
 
 Hook functions take ``(state, bucket)`` without annotations: ``DistributedDataParallel`` checks the
 annotations by identity, which postponed (string) annotations would fail.
@@ -168,11 +169,15 @@ class CompressionState:
             self.step += 1
 
 
+BUCKET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _check_bucket(buf: torch.Tensor, hook: str) -> None:
-    if buf.dtype != torch.float32 or buf.device.type != "cpu":
+    """Buckets may live on any device (``native_ops.kernels_for`` picks the kernels by device) and be
+    fp32/bf16/fp16 (the residual is fp32 either way); other dtypes would lose precision in the residual."""
+    if buf.dtype not in BUCKET_DTYPES:
         raise TypeError(
-            f"{hook}: the native kernels take CPU float32 buckets (got {buf.dtype} on {buf.device}); "
-            "device kernels plug in through native_ops (docs/comm.md)"
+            f"{hook}: buckets must be float32, bfloat16 or float16 (got {buf.dtype} on {buf.device})"
         )
 
 

@@ -184,14 +184,18 @@ class SparseInterNode:
         self.value_dtype = value_dtype
         self.residuals: dict[int, torch.Tensor] = {}
 
-    def residual(self, bucket_index: int, numel: int) -> torch.Tensor:
+    def residual(self, bucket_index: int, numel: int, device: torch.device) -> torch.Tensor:
+        """The float32 residual of a bucket's shard, on the bucket's device (a residual restored from a
+        checkpoint onto another device moves there)."""
         r = self.residuals.get(bucket_index)
         if r is None or r.numel() != numel:
             if r is not None:
                 log.info(
                     "hierarchical: bucket %d changed size, its inter-node residual restarts", bucket_index
                 )
-            r = self.residuals[bucket_index] = torch.zeros(numel)
+            r = self.residuals[bucket_index] = torch.zeros(numel, dtype=torch.float32, device=device)
+        elif r.device != torch.device(device):
+            r = self.residuals[bucket_index] = r.to(device)
         return r
 
     def k(self, step: int, numel: int) -> int:
@@ -400,14 +404,16 @@ def hierarchical_hook(state: HierarchicalState, bucket):
     if sparse is not None:
         k = sparse.k(state.step, shard_len)
         if k * sparse.entry_bytes() * nodes < 8 * shard_len:  # else dense moves fewer bytes
-            residual = sparse.residual(bucket.index(), shard_len)
+            residual = sparse.residual(bucket.index(), shard_len, buf.device)
             inter_bytes = k * sparse.entry_bytes()
             inter_wire = all_gather_wire_bytes(inter_bytes, nodes)
 
             def inter_stage(shard, residual=residual, k=k):
                 sparse_all_reduce(shard, residual, k, sparse.value_dtype, state.inter_group)
 
-    if state.shm is not None and buf.device.type == "cpu":
+    if (
+        state.shm is not None and buf.device.type == "cpu" and buf.dtype == torch.float32
+    ):  # as submit_pipelined
         intra_bytes = intra_wire = 0  # shared memory: nothing goes through a collective
     else:
         intra_bytes = 4 * shard_len * local
