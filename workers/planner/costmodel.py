@@ -265,6 +265,17 @@ def gemm_time(eff: Efficiency, peak_flops: float, count, m, n, k) -> np.ndarray:
     return count * 2.0 * m * n * k / (peak_flops * gemm_efficiency(eff, m, n, k))
 
 
+def _recompute_flags(L: Layouts) -> tuple[np.ndarray, np.ndarray]:
+    """``(full, selective)`` recompute of each layout as 0.0 / 1.0 floats."""
+    return (L.rc == 2).astype(np.float64), (L.rc == 1).astype(np.float64)
+
+
+def _layer_passes(L: Layouts) -> np.ndarray:
+    """Forward-pass equivalents a layer runs per micro-batch."""
+    full, _sel = _recompute_flags(L)
+    return 3.0 + full  # forward, backward (2x forward, Narayanan et al. SC'21 §3.1) and recompute
+
+
 class CostModel:
     """Cost of layouts of one (model, cluster, training) triple; see the module docstring."""
 
@@ -397,7 +408,7 @@ class CostModel:
         per_dense = np.where(L.rc == 2, checkpoint, per_dense)
         per_moe = np.where(L.rc == 2, checkpoint, per_moe)
         stage_layers = (self.n_dense * per_dense + self.n_moe * per_moe) / p
-        micro = np.floor_divide(self._global_batch(), L.dp * L.mbs).astype(np.float64)
+        micro = self.micro_batches(L)
         in_flight = np.minimum(p, micro)
         # Korthikanti et al. 2022 eq. 5: the first stage holds p micro-batches of L/p layers; interleaving
         # multiplies by (1 + (p-1)/(p v))
@@ -421,9 +432,6 @@ class CostModel:
         framework = self.eff.framework_overhead_GiB * GiB
         total = w + g + o + activations + framework
         return {"params": w, "grads": g, "optimizer": o, "activations": activations, "total": total}
-
-    def _global_batch(self) -> int:
-        return self.training.global_batch_size
 
     # ---------------------------------------------------------------- FLOPs
     def forward_flops_per_sequence(self) -> dict[str, float]:
@@ -487,24 +495,102 @@ class CostModel:
         return out
 
     def timing(self, L: Layouts, memory: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Step time and its parts for each layout (seconds), plus communicated bytes per device."""
+        """Step time and its parts for each layout (seconds), plus communicated bytes per device.
+
+        Composes the per-dimension terms below: a micro-batch through one stage costs its ``compute_times``
+        plus the communication on its critical path (``tp_comm``, the exposed part of ``cp_comm``,
+        ``ep_comm``); a step is ``micro`` of those, the pipeline bubble and sends (``pp_comm``), the exposed
+        gradient reduction (``dp_comm``) and the ``optimizer_time``."""
+        p = L.pp.astype(np.float64)
+        micro = self.micro_batches(L)
+        g = self._layer_gemm_times(L)
+        links = self.links(L)
+        compute = self.compute_times(L, g)
+        tp = self.tp_comm(L, links["tp"])
+        cp = self.cp_comm(L, links["cp"], g["core"])
+        ep = self.ep_comm(L, links["ep"])
+
+        # one micro-batch through one layer: its compute plus the communication on its critical path
+        dense_layer = compute["dense_layer"] + tp["time"] + cp["exposed"]
+        moe_layer = compute["moe_layer"] + tp["time"] + cp["exposed"] + ep["time"]
+        stage_micro = (self.n_dense * dense_layer + self.n_moe * moe_layer) / p + compute["edge"]
+        compute_micro = (
+            stage_micro
+            - ((self.n_dense + self.n_moe) / p) * (tp["time"] + cp["exposed"])
+            - (self.n_moe / p) * ep["time"]
+        )
+        ideal = micro * stage_micro
+        pp = self.pp_comm(L, links["pp"], micro, ideal)
+        params = self.stage_parameters(L)
+        dp = self.dp_comm(L, links["dp"], links["edp"], micro, compute_micro, params)
+        opt_time = self.optimizer_time(L, params)
+
+        step = ideal + pp["bubble"] + pp["time"] + dp["exposed"] + opt_time
+        layers_here = (self.n_dense + self.n_moe) / p
+        tp_total = micro * layers_here * tp["time"]
+        cp_total = micro * layers_here * cp["time"]
+        cp_exposed = micro * layers_here * cp["exposed"]
+        ep_total = micro * (self.n_moe / p) * ep["time"]
+        exposed = tp_total + cp_exposed + ep_total + pp["time"] + dp["exposed"]
+        volume = (
+            micro * layers_here * (tp["volume"] + cp["volume"])
+            + micro * (self.n_moe / p) * ep["volume"]
+            + pp["volume"]
+            + dp["volume"]
+        )
+        return {
+            "step": step,
+            "inline_comm": ideal - micro * compute_micro,
+            "dp_exposed": dp["exposed"],
+            "ideal": ideal,
+            "bubble": pp["bubble"],
+            "compute": micro * compute_micro,
+            "optimizer": opt_time,
+            "micro": micro,
+            "tp": tp_total,
+            "pp": pp["time"],
+            "dp": dp["time"],
+            "ep": ep_total,
+            "cp": cp_total,
+            "exposed": exposed,
+            "volume": volume,
+        }
+
+    def micro_batches(self, L: Layouts) -> np.ndarray:
+        """Micro-batches per step on each pipeline: global batch / (dp x micro-batch size), as floats."""
+        return np.floor_divide(self.training.global_batch_size, L.dp * L.mbs).astype(np.float64)
+
+    def tokens_per_micro_batch(self, L: Layouts) -> np.ndarray:
+        """``T``: tokens of one micro-batch on one context-parallel rank (``mbs * seq_length / cp``)."""
+        return L.mbs.astype(np.float64) * (self.model.seq_length / L.cp.astype(np.float64))
+
+    def links(self, L: Layouts) -> dict[str, GroupLinks]:
+        """The links every parallel group of each layout crosses under this model's placement ``order``:
+        ``tp``, ``cp``, ``dp`` (the dp x cp gradient group), ``ep``, ``edp`` (expert data parallel), ``pp``."""
+        eff = self.eff
+        strides = group_strides(L, self.order)
+        return {
+            "tp": group_links(self.cluster, eff, L.tp, strides["tp"]),
+            "cp": group_links(self.cluster, eff, L.cp, strides["cp"]),
+            "dp": group_links(self.cluster, eff, L.dp * L.cp, gradient_group_stride(L, strides, self.order)),
+            "ep": group_links(self.cluster, eff, L.ep, strides["ep"]),
+            "edp": group_links(self.cluster, eff, (L.dp * L.cp) // L.ep, strides["edp"]),
+            "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),
+        }
+
+    def compute_times(self, L: Layouts, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Seconds of one micro-batch on one device, communication left out: ``dense_layer`` and
+        ``moe_layer`` (GEMMs ``g`` from :meth:`_layer_gemm_times` and memory-bound kernels, over forward,
+        backward and recompute) and ``edge`` (embedding, logits and loss of the first/last stage)."""
         m, eff = self.model, self.eff
         h = m.hidden_size
         t = L.tp.astype(np.float64)
         p = L.pp.astype(np.float64)
-        v = L.vpp.astype(np.float64)
-        cp = L.cp.astype(np.float64)
-        b = L.mbs.astype(np.float64)
-        s_loc = m.seq_length / cp
-        T = b * s_loc
-        micro = np.floor_divide(self.training.global_batch_size, L.dp * L.mbs).astype(np.float64)
-        rc = L.rc
-        full = (rc == 2).astype(np.float64)
-        sel = (rc == 1).astype(np.float64)
+        T = self.tokens_per_micro_batch(L)
+        _full, sel = _recompute_flags(L)
         sp = L.sp.astype(bool)
-        passes = 3.0 + full  # forward, backward (2x forward, Narayanan et al. SC'21 §3.1) and recompute
+        passes = _layer_passes(L)
 
-        g = self._layer_gemm_times(L)
         # memory-bound kernels: traffic proportional to the activations they produce (forward), 2x backward
         act = self.layer_activation_bytes(L)
         rep = np.where(sp, act["replicated"] / t, act["replicated"])
@@ -513,92 +599,122 @@ class CostModel:
         ew_dense = ew * (rep + act["dense_split"] / t) + ew_core
         ew_moe = ew * (rep + act["moe_split"] / t) + ew_core
 
-        strides = group_strides(L, self.order)
-        links = {
-            "tp": group_links(self.cluster, eff, L.tp, strides["tp"]),
-            "cp": group_links(self.cluster, eff, L.cp, strides["cp"]),
-            "dp": group_links(self.cluster, eff, L.dp * L.cp, gradient_group_stride(L, strides, self.order)),
-            "ep": group_links(self.cluster, eff, L.ep, strides["ep"]),
-            "edp": group_links(self.cluster, eff, (L.dp * L.cp) // L.ep, strides["edp"]),
-            "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),
-        }
-        ab = self.act_bytes
-        # TP: two all-reduces per layer forward, two backward, two more when the layer is recomputed;
-        # with sequence parallelism each becomes reduce-scatter + all-gather of the same volume
-        # (Korthikanti et al. 2022 §4.2.2)
-        tp_bytes = T * h * ab
-        tp_one = all_reduce_time(links["tp"], tp_bytes)
-        tp_layer = (4.0 + 2.0 * full) * tp_one
-        tp_vol_layer = (4.0 + 2.0 * full) * 2 * (t - 1) / t * tp_bytes
-        # CP: ring attention passes K and V (cp-1) times forward, K, V and their grads backward,
-        # overlapped with the attention-core compute (Liu et al. 2023, Ring Attention)
-        kvd = m.num_kv_heads * m.head_dim
-        cp_bytes = 2 * T * kvd / t * ab
-        cp_fwd = (cp - 1) * p2p_time(links["cp"], cp_bytes)
-        cp_passes = 1.0 + 2.0 + full + sel
-        cp_exposed_layer = np.maximum(0.0, cp_fwd - g["core"]) * cp_passes
-        # overlapped communication is not free: it slows the kernels it runs beside
-        cp_exposed_layer = cp_exposed_layer + eff.overlap_slowdown * (cp_fwd * cp_passes - cp_exposed_layer)
-        cp_total_layer = cp_fwd * cp_passes
-        cp_vol_layer = cp_passes * (cp - 1) * cp_bytes
-        # EP: dispatch and combine all-to-all per MoE layer per pass, the busiest rank carrying
-        # load_imbalance x its share (Lepikhin et al. 2021, GShard §2)
-        if m.moe:
-            ep_bytes = T * m.moe.top_k * self.moe_load * h * ab
-            ep_layer = 2.0 * passes * all_to_all_time(links["ep"], ep_bytes)
-            ep_vol_layer = 2.0 * passes * (L.ep - 1) / L.ep * ep_bytes
-        else:
-            ep_layer = ep_vol_layer = np.zeros_like(t)
-
         dense_layer = (
             passes * (g["attn"] + g["dense_mlp"] + g["core"])
             + sel * g["core"]
             + passes * ew_dense
             + sel * ew_core
-            + tp_layer
-            + cp_exposed_layer
         )
         moe_layer = (
             passes * (g["attn"] + g["moe_mlp"] + g["core"])
             + sel * g["core"]
             + passes * ew_moe
             + sel * ew_core
-            + tp_layer
-            + cp_exposed_layer
-            + ep_layer
         )
         # logits GEMM forward + backward, and the fp32 softmax/cross-entropy over T x V/t (a few passes)
         logits = 3.0 * g["logits"] + 3 * 4.0 * T * m.vocab_size / t / self.mem_bw
-        embedding = 2 * T * h * ab / t / self.mem_bw
+        embedding = 2 * T * h * self.act_bytes / t / self.mem_bw
         edge = np.where(p > 1, np.maximum(logits, embedding), logits + embedding)
-        stage_micro = (self.n_dense * dense_layer + self.n_moe * moe_layer) / p + edge
-        compute_micro = (
-            stage_micro
-            - ((self.n_dense + self.n_moe) / p) * (tp_layer + cp_exposed_layer)
-            - (self.n_moe / p) * ep_layer
+        return {"dense_layer": dense_layer, "moe_layer": moe_layer, "edge": edge}
+
+    def tp_comm(self, L: Layouts, links: GroupLinks) -> dict[str, np.ndarray]:
+        """Tensor-parallel collectives of one layer and one micro-batch: ``time`` (on the critical path) and
+        ``volume`` (bytes per device)."""
+        t = L.tp.astype(np.float64)
+        full, _sel = _recompute_flags(L)
+        # TP: two all-reduces per layer forward, two backward, two more when the layer is recomputed;
+        # with sequence parallelism each becomes reduce-scatter + all-gather of the same volume
+        # (Korthikanti et al. 2022 §4.2.2)
+        tp_bytes = self.tokens_per_micro_batch(L) * self.model.hidden_size * self.act_bytes
+        tp_one = all_reduce_time(links, tp_bytes)
+        return {
+            "time": (4.0 + 2.0 * full) * tp_one,
+            "volume": (4.0 + 2.0 * full) * 2 * (t - 1) / t * tp_bytes,
+        }
+
+    def cp_comm(self, L: Layouts, links: GroupLinks, core: np.ndarray) -> dict[str, np.ndarray]:
+        """Context-parallel K/V exchange of one layer and one micro-batch, beside the attention core GEMMs
+        ``core``: ``time`` (all of it), ``exposed`` (what the core does not hide, plus the slowdown of what it
+        does) and ``volume`` (bytes per device)."""
+        m = self.model
+        t = L.tp.astype(np.float64)
+        cp = L.cp.astype(np.float64)
+        full, sel = _recompute_flags(L)
+        # CP: ring attention passes K and V (cp-1) times forward, K, V and their grads backward,
+        # overlapped with the attention-core compute (Liu et al. 2023, Ring Attention)
+        kvd = m.num_kv_heads * m.head_dim
+        cp_bytes = 2 * self.tokens_per_micro_batch(L) * kvd / t * self.act_bytes
+        cp_fwd = (cp - 1) * p2p_time(links, cp_bytes)
+        cp_passes = 1.0 + 2.0 + full + sel
+        exposed = np.maximum(0.0, cp_fwd - core) * cp_passes
+        # overlapped communication is not free: it slows the kernels it runs beside
+        exposed = exposed + self.eff.overlap_slowdown * (cp_fwd * cp_passes - exposed)
+        return {"time": cp_fwd * cp_passes, "exposed": exposed, "volume": cp_passes * (cp - 1) * cp_bytes}
+
+    def ep_comm(self, L: Layouts, links: GroupLinks) -> dict[str, np.ndarray]:
+        """Expert-parallel all-to-alls of one MoE layer and one micro-batch: ``time`` and ``volume`` (bytes
+        per device); zero for a dense model."""
+        m = self.model
+        if not m.moe:
+            zero = np.zeros_like(L.tp.astype(np.float64))
+            return {"time": zero, "volume": zero}
+        passes = _layer_passes(L)
+        # EP: dispatch and combine all-to-all per MoE layer per pass, the busiest rank carrying
+        # load_imbalance x its share (Lepikhin et al. 2021, GShard §2)
+        ep_bytes = (
+            self.tokens_per_micro_batch(L) * m.moe.top_k * self.moe_load * m.hidden_size * self.act_bytes
         )
-        ideal = micro * stage_micro
+        return {
+            "time": 2.0 * passes * all_to_all_time(links, ep_bytes),
+            "volume": 2.0 * passes * (L.ep - 1) / L.ep * ep_bytes,
+        }
+
+    def pp_comm(
+        self, L: Layouts, links: GroupLinks, micro: np.ndarray, ideal: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Pipeline costs of one step, given its ``ideal`` (bubble-free) time over ``micro`` micro-batches:
+        the schedule's ``bubble``, and the ``time`` and ``volume`` (bytes per device) of the stage-to-stage
+        sends."""
+        t = L.tp.astype(np.float64)
+        p = L.pp.astype(np.float64)
+        v = L.vpp.astype(np.float64)
         # pipeline bubble: (p-1)/(v m) of the ideal time (Narayanan et al. SC'21 §2.2)
         bubble = ideal * (p - 1) / (v * micro)
         # PP: each micro-batch sends activations forward and gradients back at every one of the v chunk
         # boundaries, split across TP ranks (Megatron scatter/gather optimisation, SC'21 §4.1)
-        pp_bytes = T * h * ab / t
-        pp_total = np.where(p > 1, micro * 2.0 * v * p2p_time(links["pp"], pp_bytes), 0.0)
-        pp_vol = np.where(p > 1, micro * 2.0 * v * pp_bytes, 0.0)
+        pp_bytes = self.tokens_per_micro_batch(L) * self.model.hidden_size * self.act_bytes / t
+        return {
+            "bubble": bubble,
+            "time": np.where(p > 1, micro * 2.0 * v * p2p_time(links, pp_bytes), 0.0),
+            "volume": np.where(p > 1, micro * 2.0 * v * pp_bytes, 0.0),
+        }
 
+    def dp_comm(
+        self,
+        L: Layouts,
+        dp_links: GroupLinks,
+        edp_links: GroupLinks,
+        micro: np.ndarray,
+        compute_micro: np.ndarray,
+        params: dict[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """Data-parallel gradient reduction (and ZeRO parameter gathers) of one step for the stage
+        ``params`` of :meth:`stage_parameters`: ``time`` (all of it), ``exposed`` (what the backward and
+        forward of ``compute_micro`` seconds do not hide, plus the slowdown of what they do) and ``volume``
+        (bytes per device)."""
+        full, _sel = _recompute_flags(L)
+        passes = _layer_passes(L)
         # DP: gradient all-reduce (ZeRO 0), or reduce-scatter + parameter all-gather (ZeRO >= 1);
         # dense grads over dp*cp ranks, expert grads over the expert-data-parallel ranks
-        params = self.stage_parameters(L)
         gb = self.grad_bytes
         dense_b, expert_b = params["dense"] * gb, params["expert"] * gb
-        ar = all_reduce_time(links["dp"], dense_b) + all_reduce_time(links["edp"], expert_b)
-        rs = reduce_scatter_time(links["dp"], dense_b) + reduce_scatter_time(links["edp"], expert_b)
+        ar = all_reduce_time(dp_links, dense_b) + all_reduce_time(edp_links, expert_b)
+        rs = reduce_scatter_time(dp_links, dense_b) + reduce_scatter_time(edp_links, expert_b)
         wb = self.weight_bytes / gb
         ag = wb * rs  # all-gather of the updated parameters: same pattern as the reduce-scatter
         dpcp = (L.dp * L.cp).astype(np.float64)
         edp = dpcp / L.ep
         dp_vol_unit = 2 * (dpcp - 1) / dpcp * dense_b + 2 * (edp - 1) / edp * expert_b
-        layers_here = (self.n_dense + self.n_moe) / p
         bwd_micro = compute_micro * (2.0 / passes)
         fwd_micro = compute_micro * (1.0 / passes)
         bwd3, fwd3 = bwd_micro, fwd_micro  # FSDP/ZeRO-3 always prefetches parameters
@@ -619,51 +735,29 @@ class CostModel:
         )
         dp_total = np.where(z == 3, ag3 + micro * rs, dp_total)
         dp_exposed = np.select([z == 0, z == 1, z == 2], [exposed0, exposed1, exposed2], exposed3)
-        dp_exposed = dp_exposed + eff.overlap_slowdown * np.maximum(0.0, dp_total - dp_exposed)
+        # overlapped communication is not free: it slows the kernels it runs beside
+        dp_exposed = dp_exposed + self.eff.overlap_slowdown * np.maximum(0.0, dp_total - dp_exposed)
         dp_vol = np.select(
             [z <= 1, z == 2],
             [dp_vol_unit, dp_vol_unit * (micro + 1) / 2],
             dp_vol_unit * micro * (3.0 + full) / 2,
         )
-        dp_exposed = np.where(dpcp > 1, dp_exposed, 0.0)
-        dp_total = np.where(dpcp > 1, dp_total, 0.0)
+        return {
+            "time": np.where(dpcp > 1, dp_total, 0.0),
+            "exposed": np.where(dpcp > 1, dp_exposed, 0.0),
+            "volume": dp_vol,
+        }
 
+    def optimizer_time(self, L: Layouts, params: dict[str, np.ndarray]) -> np.ndarray:
+        """Seconds of the optimizer step on one device for the stage ``params`` (ZeRO >= 1: its shard)."""
+        dpcp = (L.dp * L.cp).astype(np.float64)
+        edp = dpcp / L.ep
         # optimizer step: memory bound, ~28 bytes moved per mixed-precision Adam parameter
         # (read master, m, v, grad; write master, m, v, 16-bit copy)
         opt_params = np.where(
-            z >= 1, params["dense"] / dpcp + params["expert"] / edp, params["dense"] + params["expert"]
+            L.zero >= 1, params["dense"] / dpcp + params["expert"] / edp, params["dense"] + params["expert"]
         )
-        opt_time = opt_params * (2 * self.optimizer_bytes + 2 * self.weight_bytes) / self.mem_bw
-
-        step = ideal + bubble + pp_total + dp_exposed + opt_time
-        tp_total = micro * layers_here * tp_layer
-        cp_total = micro * layers_here * cp_total_layer
-        cp_exposed = micro * layers_here * cp_exposed_layer
-        ep_total = micro * (self.n_moe / p) * ep_layer
-        exposed = tp_total + cp_exposed + ep_total + pp_total + dp_exposed
-        volume = (
-            micro * layers_here * (tp_vol_layer + cp_vol_layer)
-            + micro * (self.n_moe / p) * ep_vol_layer
-            + pp_vol
-            + dp_vol
-        )
-        return {
-            "step": step,
-            "inline_comm": ideal - micro * compute_micro,
-            "dp_exposed": dp_exposed,
-            "ideal": ideal,
-            "bubble": bubble,
-            "compute": micro * compute_micro,
-            "optimizer": opt_time,
-            "micro": micro,
-            "tp": tp_total,
-            "pp": pp_total,
-            "dp": dp_total,
-            "ep": ep_total,
-            "cp": cp_total,
-            "exposed": exposed,
-            "volume": volume,
-        }
+        return opt_params * (2 * self.optimizer_bytes + 2 * self.weight_bytes) / self.mem_bw
 
     def throughput(self, L: Layouts, timing: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """tokens/s, model and hardware TFLOP/s per device and MFU from a ``timing`` result."""
