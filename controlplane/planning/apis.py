@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -12,10 +13,9 @@ from controlplane.accounts.selectors import scoped
 from controlplane.clusters.models import Cluster
 from controlplane.common.api import TeamField, TeamOwnedSerializer, TeamScopedViewSet, only_team_of
 from controlplane.common.documents import DocumentSerializer
-from controlplane.planning import services
+from controlplane.planning import selectors, services
 from controlplane.planning.models import ModelSpec, Plan, StrategySearch
 from controlplane.planning.specs import checked, evaluated, params_billion, plan_row_fields
-from workers.planner.visual import plan_breakdown
 
 
 class ModelSpecSerializer(DocumentSerializer):
@@ -104,7 +104,7 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     serializer_class = StrategySearchSerializer
 
     def get_queryset(self):
-        return scoped(super().get_queryset(), self.request.user)
+        return selectors.searches_of(self.request.user)
 
     @extend_schema(request=SearchCreateSerializer, responses={201: StrategySearchSerializer})
     def create(self, request):
@@ -147,6 +147,16 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     def candidates(self, request, pk=None):
         """Compact feasible candidates (strategy, tokens/s, memory, communication share) for a scatter plot."""
         return Response(self.get_object().candidates)
+
+    # The search page's data is an action here rather than a page-data view beside the page: it gets the
+    # API's token and session authentication, its team scoping (another team's search is a 404) and its
+    # schema for free, and the page already talks to /api/searches/<id>/ for everything else.
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["get"], url_path="page-data")
+    def page_data(self, request, pk=None):
+        """Everything the search page draws: the JSON it renders into itself, refreshed when the search
+        ends (docs/visualizer.md, "Data contracts")."""
+        return Response(selectors.search_page_data(self.get_object()))
 
 
 class PlanSerializer(TeamOwnedSerializer):
@@ -218,20 +228,7 @@ class PlanViewSet(
     serializer_class = PlanSerializer
 
     def get_queryset(self):
-        qs = scoped(super().get_queryset(), self.request.user)
-        params = self.request.query_params
-        for param, lookup in (
-            ("search", "search_id"),
-            ("cluster", "cluster_id"),
-            ("model", "model_spec_id"),
-            ("device", "device_name"),
-            ("source", "source"),
-        ):
-            if value := params.get(param):
-                qs = qs.filter(**{lookup: value})
-        if params.get("measured") in {"1", "true"}:
-            qs = qs.filter(measured__isnull=False)
-        return qs
+        return selectors.plans_of(self.request.user, self.request.query_params)
 
     @action(detail=True, methods=["get"], url_path="plan-json")
     def plan_json(self, request, pk=None):
@@ -240,31 +237,29 @@ class PlanViewSet(
 
 
 class EvaluateSerializer(serializers.Serializer):
-    model = serializers.JSONField()
-    cluster = serializers.JSONField()
-    training = serializers.JSONField()
-    strategy = serializers.JSONField()
+    """A scenario and a complete strategy; the documents are checked by the planner's own validators."""
+
+    model = serializers.JSONField(help_text="model.json")
+    cluster = serializers.JSONField(help_text="cluster.json")
+    training = serializers.JSONField(help_text="training.json")
+    strategy = serializers.JSONField(help_text="a complete strategy.json")
+
+    def validate(self, attrs):
+        scenario = {kind: checked(kind, attrs[kind], kind) for kind in ("model", "cluster", "training")}
+        return {**scenario, "strategy": attrs["strategy"]}
+
+
+class EvaluationSerializer(serializers.Serializer):
+    plan = serializers.JSONField(help_text="plan.json with its memory / step-time breakdown")
+    visuals = serializers.JSONField(allow_null=True, help_text="schedule, placement, memory, step time")
 
 
 class EvaluateApi(APIView):
     """What-if: cost one complete strategy on a scenario; returns the plan and its visual breakdowns."""
 
-    @extend_schema(request=EvaluateSerializer)
+    @extend_schema(request=EvaluateSerializer, responses={200: EvaluationSerializer})
     def post(self, request):
         data = EvaluateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        d = data.validated_data
-        model, cluster = checked("model", d["model"], "model"), checked("cluster", d["cluster"], "cluster")
-        training = checked("training", d["training"], "training")
-        plan = evaluated(model, cluster, training, d["strategy"]).to_dict()
-        plan["breakdown"] = plan_breakdown(plan.get("predicted"), cluster.device.memory_GiB)
-        return Response({"plan": plan, "visuals": plan_visuals_or_none(d, plan)})
-
-
-def plan_visuals_or_none(documents: dict, plan: dict) -> dict | None:
-    """The visualizer's breakdowns (pipeline schedule, placement, memory, step time) for a plan."""
-    from workers.planner.visual import plan_visuals
-
-    if not plan.get("feasible", True) and not plan.get("predicted"):
-        return None
-    return plan_visuals(documents["model"], documents["cluster"], documents["training"], plan)
+        evaluation = selectors.strategy_evaluation(**data.validated_data)
+        return Response(EvaluationSerializer(evaluation).data)

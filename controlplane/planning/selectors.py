@@ -1,12 +1,64 @@
-"""Reads of the knowledge base: nearest stored plans (warm start), plan documents."""
+"""Reads of the knowledge base: the searches and plans a user may see, nearest stored plans (warm start),
+plan documents, the data each planner page draws (rendered into the page and served by the API alike),
+and the what-if costing of one strategy."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
-from controlplane.planning.models import Plan
+from controlplane.accounts.selectors import scoped, teams_of
+from controlplane.clusters.models import Cluster
+from controlplane.planning.models import ModelSpec, Plan, StrategySearch
+from controlplane.planning.specs import evaluated
+from workers import planner
+
+# GET parameters of the plan list (/api/plans/?device=…) and the Plan lookups they filter on
+PLAN_FILTERS = {
+    "search": "search_id",
+    "cluster": "cluster_id",
+    "model": "model_spec_id",
+    "device": "device_name",
+    "source": "source",
+}
+
+
+def searches_of(user) -> QuerySet[StrategySearch]:
+    return scoped(StrategySearch.objects.all(), user).select_related("team")
+
+
+def search_of(user, pk: int) -> StrategySearch | None:
+    """The search when it belongs to one of the user's teams; None for another team's search or none."""
+    return searches_of(user).filter(pk=pk).first()
+
+
+def plans_of(user, filters: Mapping[str, str] | None = None) -> QuerySet[Plan]:
+    """The plans of the user's teams, narrowed by ``PLAN_FILTERS`` and ``measured=1``."""
+    qs = scoped(Plan.objects.all(), user).select_related("team")
+    filters = filters or {}
+    for param, lookup in PLAN_FILTERS.items():
+        if value := filters.get(param):
+            qs = qs.filter(**{lookup: value})
+    if filters.get("measured") in {"1", "true"}:
+        qs = qs.filter(measured__isnull=False)
+    return qs
+
+
+def plan_of(user, pk: int) -> Plan | None:
+    return plans_of(user).filter(pk=pk).first()
+
+
+def planner_overview(user) -> dict:
+    """The planner's front page: recent searches, the knowledge base, measured plans, the user's teams."""
+    return {
+        "searches": searches_of(user).select_related("cluster", "model_spec")[:100],
+        "clusters": scoped(Cluster.objects.all(), user).select_related("team"),
+        "models": scoped(ModelSpec.objects.all(), user).select_related("team"),
+        "measured_plans": plans_of(user, {"measured": "1"}).order_by("-updated_at")[:50],
+        "teams": teams_of(user),
+    }
 
 
 def similar_plans(
@@ -64,3 +116,117 @@ def plan_document(plan: Plan) -> dict:
             plan.predicted, capacity if isinstance(capacity, int | float) and capacity > 0 else None
         ),
     }
+
+
+def plan_visuals_or_none(documents: Mapping, plan: dict) -> dict | None:
+    """The visualizer's breakdowns (pipeline schedule, placement, memory, step time) of a plan.json dict;
+    ``documents`` holds its ``model``, ``cluster`` and ``training`` (documents or planner specs)."""
+    from workers.planner.visual import plan_visuals
+
+    if not plan.get("feasible", True) and not plan.get("predicted"):
+        return None
+    return plan_visuals(documents["model"], documents["cluster"], documents["training"], plan)
+
+
+def strategy_evaluation(
+    *,
+    model: planner.ModelSpec,
+    cluster: planner.ClusterSpec,
+    training: planner.TrainingConfig,
+    strategy: dict,
+) -> dict:
+    """What-if: cost one complete strategy on a scenario. ``{"plan": plan.json + breakdown, "visuals"}``;
+    a strategy the scenario cannot take is a 400 on ``strategy.<field>``."""
+    from workers.planner.visual import plan_breakdown
+
+    plan = evaluated(model, cluster, training, strategy).to_dict()
+    plan["breakdown"] = plan_breakdown(plan.get("predicted"), cluster.device.memory_GiB)
+    scenario = {"model": model, "cluster": cluster, "training": training}
+    return {"plan": plan, "visuals": plan_visuals_or_none(scenario, plan)}
+
+
+def _scenario(plan: Plan) -> dict:
+    return {"model": plan.model_doc, "cluster": plan.cluster_doc, "training": plan.training}
+
+
+def search_page_data(search: StrategySearch) -> dict:
+    """Everything the search page draws (docs/visualizer.md, "Data contracts"): rendered into the page
+    with ``json_script`` and served by ``GET /api/searches/<id>/page-data/`` when the page refreshes."""
+    plans = list(search.plans.order_by("rank", "-predicted__tokens_per_s"))
+    best = next((p for p in plans if p.rank == 1), None)
+    parent_best = search.parent.best_plan if search.parent_id else None
+    req = search.request
+    return {
+        "search": {
+            "id": search.pk,
+            "state": search.state,
+            "progress": search.progress,
+            "stats": search.stats,
+            "human_readable_error": search.human_readable_error,
+            "stream": search.stream,
+            "what_if": search.what_if,
+            "parent_id": search.parent_id,
+        },
+        "model": req.get("model"),
+        "cluster": req.get("cluster"),
+        "training": req.get("training"),
+        "candidates": search.candidates,
+        "plans": [plan_document(p) for p in plans],
+        "best_plan_id": best.pk if best else None,
+        "similar_plans": search.similar_plans,
+        "parent_best": plan_document(parent_best) if parent_best else None,
+        "what_ifs": [
+            {
+                "id": child.pk,
+                "url": f"/planning/searches/{child.pk}/",
+                "lose_nodes": (child.what_if or {}).get("lose_nodes"),
+                "state": child.state,
+                "best": plan_document(child.best_plan) if child.best_plan else None,
+            }
+            for child in search.what_ifs.order_by("created_at")
+        ],
+        "visuals": plan_visuals_or_none(req, best.to_contract()) if best else None,
+        "urls": {
+            "page_data": f"/api/searches/{search.pk}/page-data/",
+            "search": f"/api/searches/{search.pk}/",
+            "evaluate": "/api/plans/evaluate/",
+            "what_if": f"/api/searches/{search.pk}/what-if/",
+            "plan_page": "/planning/plans/{id}/",
+            "diff": "/planning/plans/diff/?a={a}&b={b}",
+            "launch": "/api/jobs/",
+            "cancel": f"/api/searches/{search.pk}/cancel/",
+        },
+    }
+
+
+def plan_page_data(plan: Plan) -> dict:
+    """What the plan page draws: the plan against its search's runner-up, and the jobs that ran it."""
+    runner_up = None
+    if plan.search_id:
+        others = plan.search.plans.exclude(pk=plan.pk).filter(rank__isnull=False).order_by("rank")
+        runner_up = others.first()
+    return {
+        "plan": plan_document(plan),
+        **_scenario(plan),
+        "visuals": plan_visuals_or_none(_scenario(plan), plan.to_contract()) if plan.feasible else None,
+        "runner_up": plan_document(runner_up) if runner_up else None,
+        "jobs": [
+            {"id": j.pk, "state": j.state, "measured": j.measured}
+            for j in plan.jobs.order_by("-created_at")[:10]
+        ],
+        "urls": {
+            "launch": "/api/jobs/",
+            "evaluate": "/api/plans/evaluate/",
+            "diff": "/planning/plans/diff/?a={a}&b={b}",
+            "job_page": "/jobs/{id}/",
+        },
+    }
+
+
+def plan_comm_comparisons(plan: Plan) -> list:
+    """The finished communication-method comparisons of jobs launched from this plan."""
+    return [c for c in plan.comm_comparisons.order_by("-created_at") if c.result]
+
+
+def plan_diff_data(a: Plan, b: Plan) -> dict:
+    return {"a": {**plan_document(a), **_scenario(a)}, "b": {**plan_document(b), **_scenario(b)}}

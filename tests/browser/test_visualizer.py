@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -108,7 +109,11 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     )
     assert status == 201, search
     log_in(page, base, "alice")
-    page.goto(f"{base}/planning/searches/{search['id']}/")
+    page_path = f"/planning/searches/{search['id']}/"
+    page.goto(base + page_path)
+    # from here on the page gets its data from the API, never by fetching its own HTML again
+    requested = []
+    page.on("request", lambda r: requested.append(urlsplit(r.url).path))
     opened_as = page.get_attribute("#search-progress", "data-state")
 
     # the progress bar runs to the end (live events, or the API poll when the search beat the page)
@@ -136,6 +141,7 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     assert bars[1][1] == pytest.approx(second["breakdown"]["step_time"]["parts"]["compute"])
     assert bars[0][0] == pytest.approx(data["visuals"]["memory"]["parts"]["params"])
     assert page.locator("#view-placement table.placement-links tr[data-kind='ep']").count() == 1
+    assert page.inner_text("#search-state") == "succeeded"
     for v in ("pareto", "memory", "steptime", "schedule", "placement", "diff"):
         shoot(page, f"{v}-best", f"#view-{v}")
     shoot(page, "search-page")
@@ -184,6 +190,8 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     page.wait_for_function(f"(old) => ({TRACE_DATA})('#view-placement') !== old", arg=before_colour)
     shoot(page, "schedule-runner-up", "#view-schedule")
     shoot(page, "placement-runner-up", "#view-placement")
+
+    assert page_path not in requested, "the search page fetched its own HTML again"
 
     # the plan page of the best plan: its views, and a launch the CPU machine refuses with the reason
     best_id = data["best_plan_id"]

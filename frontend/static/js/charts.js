@@ -1,5 +1,6 @@
-// Plotting helpers shared by the pages that chart live series (jobs; the planner's visualizer may reuse
-// them). Plotly is the global that /static/plotly/plotly.min.js defines (served locally, never a CDN).
+// Plotting helpers shared by the pages that chart live series (jobs) and the planner's visualizer (its
+// Plotly config). Plotly is the global that /static/plotly/plotly.min.js defines (served locally, never
+// a CDN). Number formats for axes and labels are common.js's.
 
 export const PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
 
@@ -86,15 +87,4 @@ export class TraceAppender {
     Plotly.extendTraces(this.div, update, indices);
     this.onFlush();
   }
-}
-
-// Seconds as a person reads them: "84.2 ms", "1.204 s".
-export function formatSeconds(s) {
-  if (s == null || !Number.isFinite(s)) return "—";
-  return s < 1 ? `${(s * 1000).toFixed(s < 0.01 ? 2 : 1)} ms` : `${s.toFixed(3)} s`;
-}
-
-export function formatNumber(v, digits = 0) {
-  if (v == null || !Number.isFinite(v)) return "—";
-  return v.toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
 }

@@ -1,11 +1,9 @@
 // "Compare communication methods" on a job page: start a comparison, then fill the table as each
 // method's row arrives on the job's live stream ({kind: "event", values: {comm_compare: {...}}}).
-import { LiveClient, csrfToken } from "./live.js";
+import { LiveClient } from "./live.js";
+import { failureLines, formatBytes, formatNumber, formatPercent, formatRatio, postJSON } from "./common.js";
 
-const fmtBytes = (b) => (b >= 1e6 ? `${(b / 1e6).toFixed(2)} MB` : b >= 1e3 ? `${(b / 1e3).toFixed(1)} kB` : `${b} B`);
-const num = (x, d = 3) => (x == null || Number.isNaN(x) ? "—" : Number(x).toFixed(d));
-const ratio = (x) => (x == null ? "—" : `${Number(x).toFixed(2)}×`);
-const pct = (x) => (x == null ? "—" : `${x >= 0 ? "+" : ""}${(100 * x).toFixed(1)}%`);
+const num = (x, digits = 3) => formatNumber(x, digits);
 
 function withRatios(rows) {
   // the same ratios as workers.training.comm.compare.add_ratios, for rows streamed before the end
@@ -35,9 +33,10 @@ export function initCommCompare(data) {
     for (const [method, r] of Object.entries(rows)) {
       const tr = document.createElement("tr");
       tr.dataset.method = method;
-      const cells = [method, fmtBytes(r.bytes_per_rank_per_step), ratio(r.bytes_reduction_vs_dense), num(r.comm_s_total),
-                     num(r.comm_s_exposed), num(r.step_time_s), ratio(r.speedup_vs_dense), num(r.tokens_per_s, 0),
-                     num(r.loss_avg_last10 ?? r.loss_last, 4), pct(r.loss_rel_diff_vs_dense)];
+      const cells = [method, formatBytes(r.bytes_per_rank_per_step), formatRatio(r.bytes_reduction_vs_dense),
+                     num(r.comm_s_total), num(r.comm_s_exposed), num(r.step_time_s), formatRatio(r.speedup_vs_dense),
+                     num(r.tokens_per_s, 0), num(r.loss_avg_last10 ?? r.loss_last, 4),
+                     formatPercent(r.loss_rel_diff_vs_dense, 1, { signed: true })];
       cells.forEach((text, i) => { const td = document.createElement("td"); td.textContent = text; if (i) td.className = "num"; tr.append(td); });
       body.append(tr);
     }
@@ -52,7 +51,7 @@ export function initCommCompare(data) {
       const n = c.result.network;
       note.textContent = `${n.nodes} nodes × ${n.ranks_per_node} ranks, inter-node ${n.inter_node_gbit} Gbit/s` +
         (n.measured_goodput_gbit ? ` (measured ${n.measured_goodput_gbit} Gbit/s)` : "") + (n.note ? `; ${n.note}` : "") +
-        `; model ${c.result.model.name} (${(c.result.model.params / 1e6).toFixed(1)} M params), ${c.result.setup.steps} steps each.`;
+        `; model ${c.result.model.name} (${formatNumber(c.result.model.params / 1e6, 1)} M params), ${c.result.setup.steps} steps each.`;
     }
     render();
   }
@@ -77,14 +76,12 @@ export function initCommCompare(data) {
     const f = new FormData(form);
     const payload = { methods: f.getAll("methods"), steps: Number(f.get("steps")), nodes: Number(f.get("nodes")),
                       ranks_per_node: Number(f.get("ranks_per_node")), inter_node_gbit: Number(f.get("inter_node_gbit")) };
-    const r = await fetch(data.api, { method: "POST", headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
-                                      body: JSON.stringify(payload) });
-    const answer = await r.json();
+    const r = await postJSON(data.api, payload);
     if (r.status !== 201) {
-      status.textContent = Object.entries(answer).map(([k, v]) => `${k}: ${[].concat(v).join(" ")}`).join("; ");
+      status.textContent = failureLines(r, "comparison refused").join("; ");
       return;
     }
-    current = answer.id; rows = {}; render();
-    status.textContent = `comparison #${answer.id}: queued`;
+    current = r.body.id; rows = {}; render();
+    status.textContent = `comparison #${r.body.id}: queued`;
   });
 }

@@ -1,34 +1,16 @@
 // The job pages: list (compare picks, launch form), detail (history then live charts), compare.
 // History comes first (rendered into the page, then paged from the events API when long), then the
 // websocket subscription resumes from the last history seq: no point is drawn twice or missed.
-import { LiveClient, csrfToken } from "./live.js";
+import { LiveClient } from "./live.js";
+import { COLORS, Ema, PLOT_CONFIG, TraceAppender, chartLayout, referenceLine, withReferences } from "./charts.js";
 import {
-  COLORS, Ema, PLOT_CONFIG, TraceAppender, chartLayout, formatNumber, formatSeconds, referenceLine, withReferences,
-} from "./charts.js";
+  failureLines, formatGiB, formatNumber, formatRatio, formatSeconds, getJSON, postJSON, showErrorLines,
+} from "./common.js";
 
 const JOB_STATES = new Set(["queued", "launching", "running", "succeeded", "failed", "cancelled"]);
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const EVENTS_PAGE = 5000;   // the events API returns at most this many per call
 const STEADY_WINDOW = 10;   // steps averaged into the live "measured" figures
-
-async function api(method, url, body) {
-  const r = await fetch(url, {
-    method,
-    credentials: "same-origin",
-    headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken(), Accept: "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const data = await r.json().catch(() => null);
-  return { ok: r.ok, status: r.status, data };
-}
-
-// DRF errors ({field: [messages]} or {detail}) as lines a person can read.
-function errorLines(data, prefix = "") {
-  if (data == null) return [];
-  if (typeof data === "string") return [prefix ? `${prefix}: ${data}` : data];
-  if (Array.isArray(data)) return data.flatMap((d) => errorLines(d, prefix));
-  return Object.entries(data).flatMap(([k, v]) => errorLines(v, k === "detail" || k === "non_field_errors" ? prefix : (prefix ? `${prefix}.${k}` : k)));
-}
 
 function setStatePill(el, state) {
   el.textContent = state;
@@ -90,14 +72,10 @@ export function initJobList({ maxCompared = 5 } = {}) {
     if (f.team) body.team = f.team.value;
     const button = document.getElementById("launch-button");
     button.disabled = true;
-    const r = await api("POST", "/api/jobs/", body);
+    const r = await postJSON("/api/jobs/", body);
     button.disabled = false;
-    if (r.status === 201) { location.assign(`/jobs/${r.data.id}/`); return; }
-    for (const line of errorLines(r.data).concat(r.data ? [] : [`launch failed (HTTP ${r.status})`])) {
-      const li = document.createElement("li");
-      li.textContent = line;
-      errors.append(li);
-    }
+    if (r.status === 201) { location.assign(`/jobs/${r.body.id}/`); return; }
+    showErrorLines(errors, failureLines(r, "launch failed"));
   });
 }
 
@@ -189,8 +167,8 @@ class JobDetail {
     const all = [...history];
     while (!complete) {  // a long run: page on through the stored history before going live
       const after = all.length ? all[all.length - 1].seq : 0;
-      const r = await api("GET", `${this.page.api}events/?after_seq=${after}`);
-      history = r.ok ? r.data : [];
+      const r = await getJSON(`${this.page.api}events/?after_seq=${after}`);
+      history = r.ok ? r.body : [];
       all.push(...history);
       complete = history.length < EVENTS_PAGE;
     }
@@ -259,7 +237,7 @@ class JobDetail {
     const predictedMemory = (p.memory_GiB_per_device || {}).total;
     Plotly.newPlot(this.charts.memory, [line("peak memory (GiB)", data.memory[0], COLORS[2])],
       withReferences(chartLayout({ yTitle: "GiB", uirevision }),
-        predictedMemory != null && referenceLine(predictedMemory, `predicted ${predictedMemory.toFixed(2)} GiB`)),
+        predictedMemory != null && referenceLine(predictedMemory, `predicted ${formatGiB(predictedMemory, 2)}`)),
       PLOT_CONFIG);
 
     this.charts.experts = this.el("chart-experts");
@@ -276,13 +254,13 @@ class JobDetail {
       this.appenders[name] = new TraceAppender(this.charts[name]);
     }
     this.el("loss-smoothing").addEventListener("input", (ev) => this.resmooth(Number(ev.target.value)));
-    this.el("loss-smoothing-value").textContent = this.smoothing.toFixed(2);
+    this.el("loss-smoothing-value").textContent = formatNumber(this.smoothing, 2);
   }
 
   resmooth(weight) {
     this.appenders.loss.flush();
     this.smoothing = weight;
-    this.el("loss-smoothing-value").textContent = weight.toFixed(2);
+    this.el("loss-smoothing-value").textContent = formatNumber(weight, 2);
     const raw = this.charts.loss.data[0];
     this.ema = new Ema(weight);
     const smoothed = raw.y.map((y) => this.ema.push(y));
@@ -321,7 +299,7 @@ class JobDetail {
     const load = this.series.expertLoad;
     Plotly.restyle(this.charts.experts, { x: [load.map((_, i) => `expert ${i}`)], y: [load] }, [0]);
     if (this.series.expertImbalance != null) {
-      this.el("expert-imbalance").textContent = `max/mean ${this.series.expertImbalance.toFixed(2)}`;
+      this.el("expert-imbalance").textContent = `max/mean ${formatNumber(this.series.expertImbalance, 2)}`;
     }
   }
 
@@ -351,15 +329,15 @@ class JobDetail {
     cell("predicted-step-time", p.step_time_s != null ? formatSeconds(p.step_time_s) : "no plan", p.step_time_s);
     cell("measured-step-time", formatSeconds(stepTime), stepTime);
     const r1 = ratio(stepTime, p.step_time_s);
-    cell("step-time-ratio", r1 != null ? `${r1.toFixed(2)}×` : "—", r1);
-    cell("predicted-tokens", p.tokens_per_s != null ? formatNumber(p.tokens_per_s) : "—", p.tokens_per_s);
+    cell("step-time-ratio", formatRatio(r1), r1);
+    cell("predicted-tokens", formatNumber(p.tokens_per_s), p.tokens_per_s);
     cell("measured-tokens", formatNumber(tokens), tokens);
     const r2 = ratio(tokens, p.tokens_per_s);
-    cell("tokens-ratio", r2 != null ? `${r2.toFixed(2)}×` : "—", r2);
-    cell("predicted-memory", predictedMemory != null ? `${predictedMemory.toFixed(2)} GiB` : "—", predictedMemory);
-    cell("measured-memory", memory != null ? `${memory.toFixed(3)} GiB` : "—", memory);
+    cell("tokens-ratio", formatRatio(r2), r2);
+    cell("predicted-memory", formatGiB(predictedMemory, 2), predictedMemory);
+    cell("measured-memory", formatGiB(memory, 3), memory);
     const r3 = ratio(memory, predictedMemory);
-    cell("memory-ratio", r3 != null ? `${r3.toFixed(2)}×` : "—", r3);
+    cell("memory-ratio", formatRatio(r3), r3);
     this.el("measured-note").textContent = m
       ? "Measured: the run summary (steady steps: the first step and profiled steps left out)."
       : `Measured: mean over the latest ${STEADY_WINDOW} steady steps (the first step and profiled steps left out).`;
@@ -385,9 +363,9 @@ class JobDetail {
   }
 
   async refresh() {
-    const r = await api("GET", this.page.api);
+    const r = await getJSON(this.page.api);
     if (!r.ok) return;
-    const job = r.data;
+    const job = r.body;
     if (job.state === "succeeded" && job.measured) this.measured = job.measured;
     this.setState(job.state);
     this.el("job-attempts").textContent = job.attempts;
@@ -411,23 +389,23 @@ class JobDetail {
     cancel.addEventListener("click", async () => {
       cancel.disabled = true;
       this.showActionError("");
-      const r = await api("POST", `${this.page.api}cancel/`);
-      if (!r.ok) { cancel.disabled = false; this.showActionError(errorLines(r.data).join(" ") || `cancel failed (HTTP ${r.status})`); return; }
-      cancel.textContent = TERMINAL.has(r.data.state) ? "Cancel" : "Cancelling…";
-      if (TERMINAL.has(r.data.state)) this.setState(r.data.state);
+      const r = await postJSON(`${this.page.api}cancel/`);
+      if (!r.ok) { cancel.disabled = false; this.showActionError(failureLines(r, "cancel failed").join(" ")); return; }
+      cancel.textContent = TERMINAL.has(r.body.state) ? "Cancel" : "Cancelling…";
+      if (TERMINAL.has(r.body.state)) this.setState(r.body.state);
     });
     const relaunch = this.el("relaunch-button");
     relaunch.addEventListener("click", async () => {
       relaunch.disabled = true;
       this.showActionError("");
-      const r = await api("POST", `${this.page.api}relaunch/`);
+      const r = await postJSON(`${this.page.api}relaunch/`);
       relaunch.disabled = false;
-      if (!r.ok) { this.showActionError(errorLines(r.data).join(" ") || `relaunch failed (HTTP ${r.status})`); return; }
+      if (!r.ok) { this.showActionError(failureLines(r, "relaunch failed").join(" ")); return; }
       cancel.textContent = "Cancel";
       this.measured = null;
       this.series.recent = [];
-      this.setState(r.data.state);
-      this.el("job-attempts").textContent = r.data.attempts;
+      this.setState(r.body.state);
+      this.el("job-attempts").textContent = r.body.attempts;
       this.el("job-error").hidden = true;
     });
   }
@@ -440,7 +418,7 @@ function describe(v, step) {
     case "running": return [v.attempt && `attempt ${v.attempt}`, v.nodes && `${v.nodes} node(s)`, v.ranks && `${v.ranks} ranks`].filter(Boolean).join(", ");
     case "launching": return [v.attempt && `attempt ${v.attempt}`, v.nodes && `on ${v.nodes.join(", ")}`].filter(Boolean).join(" ");
     case "started": return `${v.world_size} ranks · ${v.strategy} · ${v.device}/${v.backend} · ${v.model} · ${formatNumber(v.params)} params` + (v.start_step ? ` · resumed at step ${v.start_step}` : "");
-    case "finished": return `step ${step} · ${formatSeconds(v.step_time_s)}/step · ${formatNumber(v.tokens_per_s)} tokens/s · loss ${v.loss_first?.toFixed?.(3)} → ${v.loss_last?.toFixed?.(3)}`;
+    case "finished": return `step ${step} · ${formatSeconds(v.step_time_s)}/step · ${formatNumber(v.tokens_per_s)} tokens/s · loss ${formatNumber(v.loss_first, 3)} → ${formatNumber(v.loss_last, 3)}`;
     case "succeeded": case "failed": case "cancelled": {
       const parts = [];
       if (v.message) parts.push(v.message);

@@ -1,9 +1,9 @@
 // Live events over the websocket, with resume: the client remembers the last seq of each stream and,
 // after a reconnect, subscribes again with it, so the server replays exactly what was missed.
-export function csrfToken() {
-  const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-  return m ? decodeURIComponent(m[1]) : "";
-}
+// onStatus tells "connecting", "live" (the socket is open), "reconnecting" or "signed out".
+
+// csrfToken lives in common.js; re-exported for the dashboard template, which imports it from here
+export { csrfToken } from "./common.js";
 
 export class LiveClient {
   constructor({ url, onEvent = () => {}, onStatus = () => {}, onError = () => {}, onSubscribed = () => {} } = {}) {

@@ -1,0 +1,111 @@
+// What every page script shares: JSON requests to the API (session cookie + CSRF token), a DRF error
+// as lines a person can read, a small DOM builder, and the number formats of every page.
+
+// ------------------------------------------------------------------------------------------ requests
+
+export function csrfToken() {
+  const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+
+// -> {ok, status, body}; body is the parsed JSON answer, or null when there is none (or it is not JSON).
+// A network failure is {ok: false, status: 0, body: null}: callers show it like any other failure.
+export async function requestJSON(method, url, body) {
+  const headers = { Accept: "application/json" };
+  if (method !== "GET") Object.assign(headers, { "Content-Type": "application/json", "X-CSRFToken": csrfToken() });
+  let r;
+  try {
+    r = await fetch(url, { method, credentials: "same-origin", headers,
+                           body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch {
+    return { ok: false, status: 0, body: null };
+  }
+  const payload = await r.json().catch(() => null);
+  return { ok: r.ok, status: r.status, body: payload };
+}
+
+export const getJSON = (url) => requestJSON("GET", url);
+export const postJSON = (url, body = {}) => requestJSON("POST", url, body);
+
+// ------------------------------------------------------------------------------------------ errors
+
+// "field: message" lines of a DRF error ({field: [messages]}, {detail}, nested dicts and lists flattened)
+export function errorLines(body, prefix = "") {
+  if (body == null) return [];
+  if (typeof body === "string") return [prefix ? `${prefix}: ${body}` : body];
+  if (Array.isArray(body)) return body.flatMap((b) => errorLines(b, prefix));
+  return Object.entries(body).flatMap(([k, v]) => errorLines(v, k === "non_field_errors" || k === "detail" ? prefix
+    : prefix ? `${prefix}.${k}` : k));
+}
+
+// The lines of a failed request's answer, or `fallback (HTTP status)` when it said nothing readable.
+export function failureLines(response, fallback = "failed") {
+  const lines = errorLines(response.body);
+  return lines.length ? lines : [response.status ? `${fallback} (HTTP ${response.status})` : `${fallback} (no answer)`];
+}
+
+// Fill a list (<ul>) with one <li class="error"> per line.
+export function showErrorLines(list, lines) {
+  list.replaceChildren(...lines.map((line) => h("li", { class: "error" }, line)));
+}
+
+// --------------------------------------------------------------------------------------------- DOM
+
+// h("td", {class: "num", dataset: {id: 3}, onclick: f}, "text", child, [more children])
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v == null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) if (c != null && c !== false) node.append(c instanceof Node ? c : String(c));
+  return node;
+}
+
+// ------------------------------------------------------------------------------------ number formats
+
+// what a missing figure reads as, on every page
+export const MISSING = "—";
+
+const finite = (x) => x != null && x !== "" && Number.isFinite(Number(x));
+
+// 12,345 / 0.123 (en-US grouping, exactly `digits` decimals)
+export function formatNumber(x, digits = 0) {
+  if (!finite(x)) return MISSING;
+  return Number(x).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+}
+
+// 0.123 -> "12.3%"; signed: "+12.3%" / "-4.0%"
+export function formatPercent(x, digits = 1, { signed = false } = {}) {
+  if (!finite(x)) return MISSING;
+  return `${signed && x >= 0 ? "+" : ""}${(100 * x).toFixed(digits)}%`;
+}
+
+// Seconds as a person reads them, about four significant figures: "5.12 ms", "84.2 ms", "1.204 s",
+// "12.34 s", "245 s".
+export function formatSeconds(s) {
+  if (!finite(s)) return MISSING;
+  s = Number(s);
+  if (s === 0) return "0 s";
+  if (s < 1) return `${(s * 1000).toFixed(s < 0.01 ? 2 : 1)} ms`;
+  return `${s.toFixed(s < 10 ? 3 : s < 100 ? 2 : 0)} s`;
+}
+
+// measured / predicted and the like: "1.07×"
+export function formatRatio(x, digits = 2) {
+  return finite(x) ? `${Number(x).toFixed(digits)}×` : MISSING;
+}
+
+// "512 B", "3.4 kB", "1.25 MB" (decimal units, as link bandwidths are quoted)
+export function formatBytes(b) {
+  if (!finite(b)) return MISSING;
+  return b >= 1e6 ? `${(b / 1e6).toFixed(2)} MB` : b >= 1e3 ? `${(b / 1e3).toFixed(1)} kB` : `${b} B`;
+}
+
+// "60.0 GiB"
+export function formatGiB(x, digits = 1) {
+  return finite(x) ? `${formatNumber(x, digits)} GiB` : MISSING;
+}
