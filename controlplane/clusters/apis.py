@@ -7,7 +7,7 @@ from rest_framework import serializers
 from controlplane.clusters.models import Cluster, HardwareProfile
 from controlplane.common.api import TeamScopedViewSet
 from controlplane.common.documents import DocumentSerializer
-from controlplane.planning.specs import checked
+from controlplane.planning.planner_adapters import checked
 
 
 class ClusterSerializer(DocumentSerializer):

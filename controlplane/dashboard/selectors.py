@@ -5,7 +5,7 @@ from __future__ import annotations
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
 from controlplane.jobs.models import TrainingJob
-from controlplane.planning.models import ModelSpec, StrategySearch
+from controlplane.planning.models import StoredModelSpec, StrategySearch
 
 RECENT = 20
 
@@ -16,5 +16,5 @@ def dashboard_overview(user) -> dict:
         "searches": scoped(StrategySearch.objects.all(), user).select_related("team")[:RECENT],
         "teams": teams_of(user),
         "clusters": scoped(Cluster.objects.all(), user),
-        "models": scoped(ModelSpec.objects.all(), user),
+        "models": scoped(StoredModelSpec.objects.all(), user),
     }

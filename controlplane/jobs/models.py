@@ -24,7 +24,7 @@ class TrainingJob(LongRunningJob):
     )
     plan = models.JSONField(null=True, blank=True, help_text="the plan.json it was launched from, if any")
     source_plan = models.ForeignKey(
-        "planning.Plan",
+        "planning.StoredPlan",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
@@ -84,7 +84,11 @@ class CommComparison(LongRunningJob):
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="comm_comparisons")
     plan = models.ForeignKey(
-        "planning.Plan", null=True, blank=True, on_delete=models.SET_NULL, related_name="comm_comparisons"
+        "planning.StoredPlan",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="comm_comparisons",
     )
     request = models.JSONField(
         default=dict, help_text="methods, steps, nodes, ranks_per_node, inter_node_gbit"

@@ -183,6 +183,6 @@ def online_node_queues(timeout: float = 1.5) -> list[str]:
 
 def source_plan_of(user, pk: int):
     """A stored plan of one of the user's teams (None otherwise): the plan a job is launched from."""
-    from controlplane.planning.models import Plan
+    from controlplane.planning.models import StoredPlan
 
-    return scoped(Plan.objects.all(), user).filter(pk=pk).first()
+    return scoped(StoredPlan.objects.all(), user).filter(pk=pk).first()

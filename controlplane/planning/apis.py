@@ -14,15 +14,15 @@ from controlplane.clusters.models import Cluster
 from controlplane.common.api import TeamField, TeamOwnedSerializer, TeamScopedViewSet, only_team_of
 from controlplane.common.documents import DocumentSerializer
 from controlplane.planning import selectors, services
-from controlplane.planning.models import ModelSpec, Plan, StrategySearch
-from controlplane.planning.specs import checked, evaluated, params_billion, plan_row_fields
+from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
+from controlplane.planning.planner_adapters import checked, evaluated, params_billion, plan_row_fields
 
 
 class ModelSpecSerializer(DocumentSerializer):
     """Reads and writes the ``model.json`` document."""
 
     class Meta(DocumentSerializer.Meta):
-        model = ModelSpec
+        model = StoredModelSpec
 
     def validate_document(self, document):
         checked("model", document)
@@ -30,7 +30,7 @@ class ModelSpecSerializer(DocumentSerializer):
 
 
 class ModelSpecViewSet(TeamScopedViewSet):
-    queryset = ModelSpec.objects.select_related("team")
+    queryset = StoredModelSpec.objects.select_related("team")
     serializer_class = ModelSpecSerializer
 
 
@@ -86,7 +86,7 @@ class SearchCreateSerializer(serializers.Serializer):
             if attrs["cluster"] is None:
                 raise serializers.ValidationError({"cluster": ["no such cluster among your teams'"]})
         if "model" in attrs:
-            attrs["model"] = scoped(ModelSpec.objects.all(), user).filter(pk=attrs["model"]).first()
+            attrs["model"] = scoped(StoredModelSpec.objects.all(), user).filter(pk=attrs["model"]).first()
             if attrs["model"] is None:
                 raise serializers.ValidationError({"model": ["no such model among your teams'"]})
         if "team" not in attrs:
@@ -167,7 +167,7 @@ class PlanSerializer(TeamOwnedSerializer):
     predicted = serializers.JSONField(required=False)
 
     class Meta:
-        model = Plan
+        model = StoredPlan
         fields = [
             "id",
             "team",
@@ -209,9 +209,9 @@ class PlanSerializer(TeamOwnedSerializer):
         cluster = checked("cluster", attrs.get("cluster_doc"), "cluster")
         training = checked("training", attrs.get("training") or {}, "training")
         plan = evaluated(model, cluster, training, attrs.get("strategy"))
-        if attrs.get("source", Plan.Source.IMPORTED) == Plan.Source.SEARCH:
+        if attrs.get("source", StoredPlan.Source.IMPORTED) == StoredPlan.Source.SEARCH:
             raise serializers.ValidationError({"source": ["imported plans are 'imported' or 'measured'"]})
-        attrs.setdefault("source", Plan.Source.IMPORTED)
+        attrs.setdefault("source", StoredPlan.Source.IMPORTED)
         # the stored prediction is always the planner's own for this scenario; a given one is ignored
         attrs.update(plan_row_fields(plan, model, cluster))
         return attrs
@@ -224,7 +224,7 @@ class PlanViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    queryset = Plan.objects.select_related("team")
+    queryset = StoredPlan.objects.select_related("team")
     serializer_class = PlanSerializer
 
     def get_queryset(self):

@@ -7,7 +7,7 @@ from django.db import models
 from controlplane.common.models import LongRunningJob, TeamOwned
 
 
-class ModelSpec(TeamOwned):
+class StoredModelSpec(TeamOwned):
     """A transformer (dense or MoE) as ``contracts/model.json`` describes it."""
 
     name = models.CharField(max_length=200)
@@ -34,7 +34,9 @@ class StrategySearch(LongRunningJob):
     cluster = models.ForeignKey(
         "clusters.Cluster", null=True, on_delete=models.SET_NULL, related_name="searches"
     )
-    model_spec = models.ForeignKey(ModelSpec, null=True, on_delete=models.SET_NULL, related_name="searches")
+    model_spec = models.ForeignKey(
+        StoredModelSpec, null=True, on_delete=models.SET_NULL, related_name="searches"
+    )
     request = models.JSONField(
         default=dict, help_text="model, cluster, training, fixed strategy fields, top_k"
     )
@@ -59,7 +61,7 @@ class StrategySearch(LongRunningJob):
         return self.plans.filter(rank=1).first()
 
 
-class Plan(TeamOwned):
+class StoredPlan(TeamOwned):
     """A strategy with its predicted figures (``plan.json``) and, once it ran, the measured ones."""
 
     class Source(models.TextChoices):
@@ -78,7 +80,7 @@ class Plan(TeamOwned):
         "clusters.Cluster", null=True, blank=True, on_delete=models.SET_NULL, related_name="plans"
     )
     model_spec = models.ForeignKey(
-        ModelSpec, null=True, blank=True, on_delete=models.SET_NULL, related_name="plans"
+        StoredModelSpec, null=True, blank=True, on_delete=models.SET_NULL, related_name="plans"
     )
     # documents as they were when planned (the cluster/model rows may change later)
     model_doc = models.JSONField(default=dict)

@@ -8,8 +8,8 @@ import json
 from django.db import transaction
 
 from controlplane.clusters.models import Cluster, HardwareProfile
-from controlplane.planning.models import ModelSpec, Plan
-from controlplane.planning.specs import params_billion, plan_row_fields
+from controlplane.planning.models import StoredModelSpec, StoredPlan
+from controlplane.planning.planner_adapters import params_billion, plan_row_fields
 from workers import planner
 from workers.planner.examples import DATA, contract, reference_runs
 from workers.planner.hardware import calibration_dir, load_profiles
@@ -72,7 +72,7 @@ def seed_knowledge_base(*, team) -> dict[str, int]:
     counts["clusters"] += 1
     for entry in examples["models"]:
         doc = entry.get("model") or contract(entry["contract"])
-        _upsert(ModelSpec, team, doc["name"], spec=doc, params_billion=params_billion(doc))
+        _upsert(StoredModelSpec, team, doc["name"], spec=doc, params_billion=params_billion(doc))
         counts["models"] += 1
     for run in reference_runs():
         counts["measured_plans"] += _seed_reference_run(team, run)
@@ -82,8 +82,8 @@ def seed_knowledge_base(*, team) -> dict[str, int]:
 def _seed_reference_run(team, run: dict) -> int:
     """A published run as a measured plan: the planner completes the unpublished fields (vpp, micro-batch)
     and predicts; the measured figures sit beside the prediction."""
-    if Plan.objects.filter(
-        team=team, source=Plan.Source.MEASURED, measured_source=run["source"], name=run["id"]
+    if StoredPlan.objects.filter(
+        team=team, source=StoredPlan.Source.MEASURED, measured_source=run["source"], name=run["id"]
     ).exists():
         return 0
     model = planner.ModelSpec.from_dict(run["model"])
@@ -93,10 +93,10 @@ def _seed_reference_run(team, run: dict) -> int:
     result = planner.search(model, cluster, training, fixed=fixed, top_k=1, scaling=False)
     if result.best is None:
         return 0
-    Plan.objects.create(
+    StoredPlan.objects.create(
         team=team,
         name=run["id"],
-        source=Plan.Source.MEASURED,
+        source=StoredPlan.Source.MEASURED,
         model_doc=run["model"],
         cluster_doc=run["cluster"],
         training=run["training"],

@@ -11,11 +11,11 @@ from django.db.models import Q, QuerySet
 
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
-from controlplane.planning.models import ModelSpec, Plan, StrategySearch
-from controlplane.planning.specs import evaluated
+from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
+from controlplane.planning.planner_adapters import evaluated
 from workers import planner
 
-# GET parameters of the plan list (/api/plans/?device=…) and the Plan lookups they filter on
+# GET parameters of the plan list (/api/plans/?device=…) and the StoredPlan lookups they filter on
 PLAN_FILTERS = {
     "search": "search_id",
     "cluster": "cluster_id",
@@ -34,9 +34,9 @@ def search_of(user, pk: int) -> StrategySearch | None:
     return searches_of(user).filter(pk=pk).first()
 
 
-def plans_of(user, filters: Mapping[str, str] | None = None) -> QuerySet[Plan]:
+def plans_of(user, filters: Mapping[str, str] | None = None) -> QuerySet[StoredPlan]:
     """The plans of the user's teams, narrowed by ``PLAN_FILTERS`` and ``measured=1``."""
-    qs = scoped(Plan.objects.all(), user).select_related("team")
+    qs = scoped(StoredPlan.objects.all(), user).select_related("team")
     filters = filters or {}
     for param, lookup in PLAN_FILTERS.items():
         if value := filters.get(param):
@@ -46,7 +46,7 @@ def plans_of(user, filters: Mapping[str, str] | None = None) -> QuerySet[Plan]:
     return qs
 
 
-def plan_of(user, pk: int) -> Plan | None:
+def plan_of(user, pk: int) -> StoredPlan | None:
     return plans_of(user).filter(pk=pk).first()
 
 
@@ -55,7 +55,7 @@ def planner_overview(user) -> dict:
     return {
         "searches": searches_of(user).select_related("cluster", "model_spec")[:100],
         "clusters": scoped(Cluster.objects.all(), user).select_related("team"),
-        "models": scoped(ModelSpec.objects.all(), user).select_related("team"),
+        "models": scoped(StoredModelSpec.objects.all(), user).select_related("team"),
         "measured_plans": plans_of(user, {"measured": "1"}).order_by("-updated_at")[:50],
         "teams": teams_of(user),
     }
@@ -63,12 +63,12 @@ def planner_overview(user) -> dict:
 
 def similar_plans(
     *, team, device_name: str, device_count: int, params_billion: float, exclude_search=None, limit: int = 5
-) -> list[Plan]:
+) -> list[StoredPlan]:
     """Stored plans of the team for the same device, with model size and device count within 4× — nearest
     first (distance = |log params ratio| + |log device ratio|), measured plans ahead of equal ones."""
     if device_count <= 0 or params_billion <= 0:
         return []
-    qs = Plan.objects.filter(
+    qs = StoredPlan.objects.filter(
         team=team,
         device_name=device_name,
         feasible=True,
@@ -77,19 +77,21 @@ def similar_plans(
         params_billion__gte=params_billion / 4,
         params_billion__lte=params_billion * 4,
     ).filter(
-        Q(rank=1) | Q(source__in=[Plan.Source.MEASURED, Plan.Source.IMPORTED]) | Q(measured__isnull=False)
+        Q(rank=1)
+        | Q(source__in=[StoredPlan.Source.MEASURED, StoredPlan.Source.IMPORTED])
+        | Q(measured__isnull=False)
     )
     if exclude_search is not None:
         qs = qs.exclude(search=exclude_search)
 
-    def distance(p: Plan) -> tuple[float, int]:
+    def distance(p: StoredPlan) -> tuple[float, int]:
         d = abs(math.log(p.params_billion / params_billion)) + abs(math.log(p.device_count / device_count))
         return (round(d, 6), 0 if p.measured else 1)
 
     return sorted(qs[:500], key=distance)[:limit]
 
 
-def plan_document(plan: Plan) -> dict:
+def plan_document(plan: StoredPlan) -> dict:
     """A plan for pages and the API: plan.json plus where it came from, what was measured and the memory /
     step-time breakdowns the charts stack (computed here, so no page re-derives them)."""
     from workers.planner.visual import plan_breakdown
@@ -145,7 +147,7 @@ def strategy_evaluation(
     return {"plan": plan, "visuals": plan_visuals_or_none(scenario, plan)}
 
 
-def _scenario(plan: Plan) -> dict:
+def _scenario(plan: StoredPlan) -> dict:
     return {"model": plan.model_doc, "cluster": plan.cluster_doc, "training": plan.training}
 
 
@@ -199,7 +201,7 @@ def search_page_data(search: StrategySearch) -> dict:
     }
 
 
-def plan_page_data(plan: Plan) -> dict:
+def plan_page_data(plan: StoredPlan) -> dict:
     """What the plan page draws: the plan against its search's runner-up, and the jobs that ran it."""
     runner_up = None
     if plan.search_id:
@@ -223,10 +225,10 @@ def plan_page_data(plan: Plan) -> dict:
     }
 
 
-def plan_comm_comparisons(plan: Plan) -> list:
+def plan_comm_comparisons(plan: StoredPlan) -> list:
     """The finished communication-method comparisons of jobs launched from this plan."""
     return [c for c in plan.comm_comparisons.order_by("-created_at") if c.result]
 
 
-def plan_diff_data(a: Plan, b: Plan) -> dict:
+def plan_diff_data(a: StoredPlan, b: StoredPlan) -> dict:
     return {"a": {**plan_document(a), **_scenario(a)}, "b": {**plan_document(b), **_scenario(b)}}

@@ -14,9 +14,9 @@ from rest_framework.exceptions import ValidationError
 from controlplane.clusters.models import Cluster
 from controlplane.common.models import JobState
 from controlplane.live.services import publish, publish_after_commit
-from controlplane.planning.models import ModelSpec, Plan, StrategySearch
+from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
+from controlplane.planning.planner_adapters import checked, plan_row_fields
 from controlplane.planning.selectors import plan_document, similar_plans
-from controlplane.planning.specs import checked, plan_row_fields
 from controlplane.planning.tasks import run_search
 from workers import planner
 from workers.planner.search import search_allowing_idle_nodes, without_nodes
@@ -33,7 +33,7 @@ def search_create(
     created_by=None,
     cluster: Cluster | None = None,
     cluster_doc: dict | None = None,
-    model: ModelSpec | None = None,
+    model: StoredModelSpec | None = None,
     model_doc: dict | None = None,
     training: dict,
     fixed: dict | None = None,
@@ -134,10 +134,10 @@ def _plan_row(
     in_pareto: bool,
     model_spec: planner.ModelSpec,
     cluster_spec: planner.ClusterSpec,
-) -> Plan:
-    return Plan(
+) -> StoredPlan:
+    return StoredPlan(
         team=search.team,
-        source=Plan.Source.SEARCH,
+        source=StoredPlan.Source.SEARCH,
         search=search,
         rank=rank,
         in_pareto=in_pareto,
@@ -265,7 +265,7 @@ def _search_run(search: StrategySearch) -> str:
                     cluster_spec=cluster,
                 )
             )
-        Plan.objects.bulk_create(rows)
+        StoredPlan.objects.bulk_create(rows)
         search.finished_at = timezone.now()
         search.progress = 1.0
         if result.stats.get("cancelled"):
@@ -285,7 +285,7 @@ def _search_run(search: StrategySearch) -> str:
     return search.state
 
 
-def plan_record_measurement(*, plan: Plan, measured: dict, source: str) -> Plan:
+def plan_record_measurement(*, plan: StoredPlan, measured: dict, source: str) -> StoredPlan:
     """Put measured figures beside the prediction (from a finished job or a publication)."""
     plan.measured = measured
     plan.measured_source = source

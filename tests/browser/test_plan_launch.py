@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pyte
 def test_launch_from_a_plan_page_trains_live_and_the_plan_learns(live_stack, page, make_member):
     from rest_framework.test import APIClient
 
-    from controlplane.planning.models import Plan
+    from controlplane.planning.models import StoredPlan
 
     alice = make_member("alice", "Team A")
     api = APIClient()
@@ -39,7 +39,7 @@ def test_launch_from_a_plan_page_trains_live_and_the_plan_learns(live_stack, pag
     points = page.evaluate("document.querySelector('#chart-loss').data[0].x.length")
     assert points == 12
 
-    plan = Plan.objects.get(pk=plan_id)
+    plan = StoredPlan.objects.get(pk=plan_id)
     assert plan.measured["step_time_s"] > 0 and plan.measured_source == f"job/{job_id}"
     assert plan.predicted["step_time_s"] == predicted
     page.goto(live_stack.base_url + f"/planning/plans/{plan_id}/")

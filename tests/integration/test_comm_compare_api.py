@@ -33,13 +33,13 @@ def test_every_named_method_is_one_the_engine_can_run():
 @pytest.fixture
 def job_from_plan(make_member):
     from controlplane.jobs.models import TrainingJob
-    from controlplane.planning.models import Plan
+    from controlplane.planning.models import StoredPlan
 
     alice = make_member("alice", "Team A")
     team = alice.teams.first()
     client = APIClient()
     client.force_authenticate(alice)
-    plan = Plan.objects.get(pk=import_tiny_cpu_plan(client)["id"])
+    plan = StoredPlan.objects.get(pk=import_tiny_cpu_plan(client)["id"])
     job = TrainingJob.objects.create(
         team=team,
         name="tiny",

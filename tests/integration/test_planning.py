@@ -133,17 +133,17 @@ def wait_search(search_id, timeout=120):
 @pytest.mark.slow
 async def test_seed_search_end_to_end_with_live_progress(live_stack, alice, token_for):
     """The seed scenario (1.25T MoE on the Atlas 900 PoD) through the API, a real worker and a websocket."""
-    from controlplane.planning.models import Plan
+    from controlplane.planning.models import StoredPlan
     from controlplane.planning.seed import seed_knowledge_base
 
     token = await sync_to_async(token_for)(alice)
     team = await sync_to_async(lambda: alice.teams.first())()
     await sync_to_async(seed_knowledge_base)(team=team)
     from controlplane.clusters.models import Cluster
-    from controlplane.planning.models import ModelSpec
+    from controlplane.planning.models import StoredModelSpec
 
     cluster = await sync_to_async(Cluster.objects.get)(team=team, name="atlas-900-pod-1024x910b")
-    model = await sync_to_async(ModelSpec.objects.get)(team=team, name="moe-transformer-1.2t")
+    model = await sync_to_async(StoredModelSpec.objects.get)(team=team, name="moe-transformer-1.2t")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     body = {"cluster": cluster.pk, "model": model.pk, "training": SEED_TRAINING, "top_k": 5}
@@ -180,7 +180,7 @@ async def test_seed_search_end_to_end_with_live_progress(live_stack, alice, toke
     assert best is not None and best.rank == 1 and best.device_count == 1024
     assert best.predicted["step_time_s"] == progress[-1]["best"]["predicted"]["step_time_s"]
     assert len(search.candidates) > 100 and search.stats["feasible"] > 0
-    n_plans = await sync_to_async(Plan.objects.filter(search_id=search_id).count)()
+    n_plans = await sync_to_async(StoredPlan.objects.filter(search_id=search_id).count)()
     assert n_plans >= 5
 
     # the next search of a similar scenario shows this plan as a similar plan, re-evaluated here
@@ -265,8 +265,8 @@ def test_search_input_errors_name_the_field(client, make_member):
 
 @pytest.mark.slow
 def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
-    """Plan → Launch → a real 2-rank CPU job → its measured step time lands beside the prediction."""
-    from controlplane.planning.models import Plan
+    """StoredPlan → Launch → a real 2-rank CPU job → its measured step time lands beside the prediction."""
+    from controlplane.planning.models import StoredPlan
 
     imported = import_tiny_cpu_plan(client, "tiny on cpu")
     plan_id = imported["id"]
@@ -278,7 +278,7 @@ def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
 
     job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
     assert job.state == "succeeded", job.log_tail[-2000:]
-    plan = Plan.objects.get(pk=plan_id)
+    plan = StoredPlan.objects.get(pk=plan_id)
     assert job.source_plan_id == plan_id, job.source_plan_id
     # the planned cluster's link sizes the gradient buckets
     assert job.config["inter_node_GBps"] == imported["cluster"]["inter_node"]["bandwidth_GBps"]

@@ -2,8 +2,6 @@
 // after a reconnect, subscribes again with it, so the server replays exactly what was missed.
 // onStatus tells "connecting", "live" (the socket is open), "reconnecting" or "signed out".
 
-// csrfToken lives in common.js; re-exported for the dashboard template, which imports it from here
-export { csrfToken } from "./common.js";
 
 export class LiveClient {
   constructor({ url, onEvent = () => {}, onStatus = () => {}, onError = () => {}, onSubscribed = () => {} } = {}) {

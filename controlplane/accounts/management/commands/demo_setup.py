@@ -20,12 +20,12 @@ class Command(BaseCommand):
         parser.add_argument("--url", default="http://127.0.0.1:8000/")
 
     def handle(self, *args, **opts):
-        from controlplane.planning.models import ModelSpec
+        from controlplane.planning.models import StoredModelSpec
         from controlplane.planning.seed import seed_knowledge_base
 
         user, password = demo_setup()
         team = user.teams.first()
-        if not ModelSpec.objects.filter(team=team).exists():
+        if not StoredModelSpec.objects.filter(team=team).exists():
             seed_knowledge_base(team=team)
         if not TrainingJob.objects.filter(team=team).exists():
             # a real run: a tiny GPT on 2 CPU ranks (data parallel), queued now, trained by the worker that

@@ -1,4 +1,6 @@
-"""The planner's own validators at the API edge: one source of truth for what a valid document is."""
+"""Adapters between the planner engine and the API (DRF): a contract document parsed by the planner, with
+its ``SpecError`` as a field-level 400; one strategy costed, a broken rule as a 400; a costed plan as the
+``StoredPlan`` row's columns. The planner's validators are the one source of truth for what a valid document is."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def evaluated(model, cluster, training, strategy_doc) -> planner.Plan:
 
 
 def plan_row_fields(plan: planner.Plan, model: planner.ModelSpec, cluster: planner.ClusterSpec) -> dict:
-    """The ``Plan`` columns a costed plan fills: what the planner said, and the scenario keys the
+    """The ``StoredPlan`` columns a costed plan fills: what the planner said, and the scenario keys the
     similar-plans lookup filters on (device, device count, model size)."""
     return {
         "strategy": plan.strategy.to_dict(),
