@@ -85,6 +85,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "controlplane.common.middleware.AppNotFoundPageMiddleware",  # a page's 404 is the app's page under DEBUG too
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -158,7 +159,13 @@ CELERY_TASK_TRACK_STARTED = True
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "cann:asgi"},
+        # capacity: messages a websocket's channel holds before the layer drops new ones (channels_redis'
+        # default, 100); a dropped tail is re-sent from the relay's high-water marks
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": "cann:asgi",
+            "capacity": int(os.environ.get("CHANNEL_CAPACITY", "100")),
+        },
     }
 }
 
@@ -183,12 +190,12 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "controlplane.common.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
-        "rest_framework_yaml.renderers.YAMLRenderer",  # ?format=yaml: export in the contract format
+        "controlplane.common.formats.SafeYAMLRenderer",  # ?format=yaml: export in the contract format
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
-        "rest_framework_yaml.parsers.YAMLParser",  # import cluster.yaml / model.yaml
+        "controlplane.common.formats.SafeJSONParser",
+        "controlplane.common.formats.SafeYAMLParser",  # import cluster.yaml / model.yaml
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
@@ -203,6 +210,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # every operation documents the error answers it can give (400/401/403/404/406/409/413/415/503)
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.common.api.add_error_responses",
+    ],
 }
 
 # --- static files: ours and plotly.js from the installed plotly package (no CDN) ----------------------

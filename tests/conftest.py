@@ -78,7 +78,12 @@ class Stack:
 
 
 def start_stack(
-    *, redis_url: str, database_url: str, name: str, worker_queues: str = "default,planning,training"
+    *,
+    redis_url: str,
+    database_url: str,
+    name: str,
+    worker_queues: str = "default,planning,training",
+    extra_env: dict | None = None,
 ) -> Stack:
     from controlplane.stack import free_port, worker_command
 
@@ -92,6 +97,7 @@ def start_stack(
         "REDIS_URL": redis_url,
         "PYTHONUNBUFFERED": "1",
         "CANN_TRAIN_VAR_DIR": str(run_dir),
+        **(extra_env or {}),
     }
     env.pop("CANN_TRAIN_TEST_SQLITE", None)
     py = sys.executable

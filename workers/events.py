@@ -11,6 +11,11 @@ Event format (``shared/DESIGN.md``)::
 ``seq`` is assigned atomically by Redis (a Lua script increments a per-stream counter and appends the
 entry in one step), so it increases by one per event even with several producers, and a client that
 reconnects with the last ``seq`` it saw can be sent exactly what it missed.
+
+A Redis that restarts without its data starts every counter again at 1, so new events reuse numbers the
+database already holds. The relay notices (a stored event with the same number but another time) and
+renumbers them (:meth:`EventWriter.renumber`): each is appended again above every number already used and
+its old entry removed, in one atomic step, so nothing is dropped and nothing is delivered twice.
 """
 
 from __future__ import annotations
@@ -42,6 +47,31 @@ return seq
 """
 
 
+# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = renumber-floor hash;
+# ARGV[1] = floor, ARGV[2] = group, ARGV[3] = maxlen, ARGV[4..] = pairs (old entry id, event JSON without seq)
+# Every event the stream holds with seq <= floor belongs to the restarted counter: it moves above the floor.
+_RENUMBER_LUA = """
+local floor = tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < floor then redis.call('SET', KEYS[1], floor) end
+local known = tonumber(redis.call('HGET', KEYS[3], KEYS[2]) or '0')
+if known < floor then redis.call('HSET', KEYS[3], KEYS[2], floor) end
+local seqs = {}
+for i = 4, #ARGV, 2 do
+  local old_id, body = ARGV[i], ARGV[i + 1]
+  local seq = redis.call('INCR', KEYS[1])
+  local event = string.sub(body, 1, -2) .. ',"seq":' .. seq .. '}'
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], seq .. '-1', 'event', event)
+  redis.call('XACK', KEYS[2], ARGV[2], old_id)
+  redis.call('XDEL', KEYS[2], old_id)
+  table.insert(seqs, seq)
+end
+return seqs
+"""
+# per stream: events with seq at or below this number were numbered by a restarted counter
+RENUMBER_FLOORS = "cann:renumber-floors"
+
+
 class EventError(ValueError):
     """An event that does not follow the contract."""
 
@@ -64,6 +94,11 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def parse_time(text: str) -> datetime:
+    """An event's ``time`` (``2026-11-29T12:00:00.123Z``) as an aware datetime."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def build_event(stream: str, kind: str, step: int | None, values: dict[str, Any]) -> str:
     """The event as JSON, without ``seq`` (Redis assigns it)."""
     validate_stream(stream)
@@ -84,6 +119,7 @@ class EventWriter:
     def __init__(self, redis_client):
         self._redis = redis_client
         self._append = redis_client.register_script(_APPEND_LUA)
+        self._renumber = redis_client.register_script(_RENUMBER_LUA)
 
     @staticmethod
     def _keys(stream: str) -> list[str]:
@@ -101,6 +137,22 @@ class EventWriter:
         for body in bodies:
             self._append(keys=self._keys(stream), args=[body, MAX_LEN], client=pipe)
         return [int(s) for s in pipe.execute()]
+
+    def renumber(self, stream: str, entries: list[tuple[str, dict]], floor: int, *, group: str) -> list[int]:
+        """Move ``entries`` (``(entry id, event)`` pairs read by consumer group ``group``) above ``floor``, the
+        highest seq already used for ``stream``: each gets a new seq, its old entry is acknowledged and
+        deleted, atomically. Returns the new seqs, in order."""
+        args: list = [int(floor), group, MAX_LEN]
+        for entry_id, event in entries:
+            body = {k: v for k, v in event.items() if k != "seq"}
+            args += [entry_id, json.dumps(body, separators=(",", ":"), allow_nan=False)]
+        seqs = self._renumber(keys=[seq_key(stream), stream_key(stream), RENUMBER_FLOORS], args=args)
+        return [int(s) for s in seqs]
+
+
+def renumber_floor(redis_client, stream: str) -> int:
+    """Events of ``stream`` numbered at or below this were numbered by a restarted counter (0: none)."""
+    return int(redis_client.hget(RENUMBER_FLOORS, stream) or 0)
 
 
 def parse_entries(entries) -> list[dict]:

@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.selectors import teams_of, tokens_of
 from controlplane.accounts.services import token_issue, token_revoke
+from controlplane.common.api import NameField
 
 
 class TeamOutput(serializers.Serializer):
@@ -37,7 +38,7 @@ class TokenOutput(serializers.ModelSerializer):
 
 class TokenListCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
-        name = serializers.CharField(max_length=100, help_text="what the token is for, e.g. 'laptop CLI'")
+        name = NameField(max_length=100, help_text="what the token is for, e.g. 'laptop CLI'")
 
     class CreatedSerializer(TokenOutput):
         token = serializers.CharField(help_text="the raw token; shown only once")

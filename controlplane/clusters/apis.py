@@ -8,10 +8,13 @@ from controlplane.clusters.models import Cluster, HardwareProfile
 from controlplane.common.api import TeamScopedViewSet
 from controlplane.common.documents import DocumentSerializer
 from controlplane.planning.planner_adapters import checked
+from workers import planner
 
 
 class ClusterSerializer(DocumentSerializer):
     """Reads and writes the ``cluster.json`` document; ``id``, ``team`` and timestamps are added."""
+
+    document = planner.ClusterSpec
 
     class Meta(DocumentSerializer.Meta):
         model = Cluster

@@ -1,19 +1,124 @@
-"""Serializers for rows that store one contract document (cluster.json, model.json, …) in ``spec``.
+"""Serializers for rows that store one contract document (cluster.json, model.json, …) in ``spec``, and
+the fields of request and response bodies that carry contract documents.
 
 The API reads and writes the document itself (import/export round-trips unchanged, in JSON or YAML),
-with ``id``, ``team`` and timestamps added; validation is the engine's own (one source of truth)."""
+with ``id``, ``team`` and timestamps added; validation is the engine's own (one source of truth), and so
+is the rule that a key which is not a field is an error naming it. :class:`StrictFieldsMixin` holds a
+request body to the same rule.
+
+OpenAPI: a contract document is described by the engine's own dataclass (``document_schema``: its fields,
+types, docstrings and required fields) as a named component (``ModelJson``, ``ClusterJson``, …); any other
+JSON field is an object, or an array where its column defaults to a list, never an untyped value."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from django.core.exceptions import FieldDoesNotExist
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.common.api import TeamOwnedSerializer
+from workers import planner
+from workers.planner.specs import document_schema
+from workers.training.config import JobConfig
 
 META_FIELDS = {"id", "team", "created_at", "updated_at"}
 
+# plan.json: strategy, feasible, reason, predicted (stored and sent plans may carry more: id, name, model)
+PLAN_SCHEMA = document_schema(planner.Plan)
+# the request a search ran: the documents it searched and how many plans it kept
+SEARCH_REQUEST_SCHEMA = {
+    "type": "object",
+    "description": "The documents the search ran on, the fixed strategy fields and how many plans it kept.",
+    "properties": {
+        "model": document_schema(planner.ModelSpec),
+        "cluster": document_schema(planner.ClusterSpec),
+        "training": document_schema(planner.TrainingConfig),
+        "strategy": document_schema(planner.Strategy),
+        "top_k": {"type": "integer"},
+    },
+}
+
+
+@extend_schema_field(document_schema(planner.ModelSpec), component_name="ModelJson")
+class ModelDocumentField(serializers.JSONField):
+    """A ``model.json`` document."""
+
+
+@extend_schema_field(document_schema(planner.ClusterSpec), component_name="ClusterJson")
+class ClusterDocumentField(serializers.JSONField):
+    """A ``cluster.json`` document."""
+
+
+@extend_schema_field(document_schema(planner.TrainingConfig), component_name="TrainingJson")
+class TrainingDocumentField(serializers.JSONField):
+    """A ``training.json`` document."""
+
+
+@extend_schema_field(document_schema(planner.Strategy), component_name="StrategyJson")
+class StrategyDocumentField(serializers.JSONField):
+    """A ``strategy.json`` document (a field left out or null: searched, or its plain value when run)."""
+
+
+@extend_schema_field(PLAN_SCHEMA, component_name="PlanJson")
+class PlanDocumentField(serializers.JSONField):
+    """A ``plan.json`` document."""
+
+
+@extend_schema_field(document_schema(JobConfig), component_name="JobConfig")
+class JobConfigField(serializers.JSONField):
+    """The runtime's job configuration (``workers.training.config.JobConfig``)."""
+
+
+@extend_schema_field(SEARCH_REQUEST_SCHEMA, component_name="SearchRequest")
+class SearchRequestField(serializers.JSONField):
+    """What a strategy search was asked."""
+
+
+class JsonValueSchema(OpenApiSerializerFieldExtension):
+    """Every other JSON field: an array where its model column defaults to a list, else an object (DRF's
+    JSONField is any value, which generated clients type as a string)."""
+
+    target_class = "rest_framework.fields.JSONField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        field = self.target
+        model = getattr(getattr(field.parent, "Meta", None), "model", None)
+        default = None
+        if model is not None:
+            try:
+                default = model._meta.get_field(field.source).default
+            except FieldDoesNotExist:
+                pass
+        if default is list:
+            return {"type": "array", "items": {}}
+        return {"type": "object", "additionalProperties": True}
+
+
+class StrictFieldsMixin:
+    """A request body's keys that are none of the serializer's writable fields are a 400 naming each:
+    DRF ignores them, so a typo (``stpes``, ``topk``) would silently run with the default instead."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            writable = [name for name, f in self.fields.items() if not f.read_only]
+            unknown = [key for key in data if key not in writable]
+            if unknown:
+                known = ", ".join(writable)
+                raise serializers.ValidationError(
+                    {str(key): [f"is not a field of this request (known: {known})"] for key in unknown}
+                )
+        return super().to_internal_value(data)
+
 
 class DocumentSerializer(TeamOwnedSerializer):
-    """Subclasses set ``Meta.model`` and implement ``validate_document(doc) -> dict of extra row fields``."""
+    """Subclasses set ``Meta.model`` and implement ``validate_document(doc) -> dict of extra row fields``;
+    ``document``, the engine's dataclass of the document, describes its fields in the OpenAPI schema."""
+
+    document: type | None = None
 
     class Meta:
         fields = ["id", "team", "created_at", "updated_at"]
@@ -51,3 +156,25 @@ class DocumentSerializer(TeamOwnedSerializer):
 
     def to_representation(self, instance):
         return {**instance.spec, **super().to_representation(instance)}
+
+
+class DocumentSerializerSchema(OpenApiSerializerExtension):
+    """A stored document's schema: the document's own fields (``document_schema``) beside ``id``, ``team``
+    and the timestamps, instead of the row's meta fields alone."""
+
+    target_class = DocumentSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        document = getattr(self.target, "document", None)
+        if document is None:
+            return schema
+        doc = document_schema(document)
+        schema["properties"] = {**doc["properties"], **schema.get("properties", {})}
+        required = [*doc.get("required", []), *schema.get("required", [])]
+        if required:
+            schema["required"] = required
+        if doc.get("description"):
+            schema["description"] = doc["description"]
+        return schema

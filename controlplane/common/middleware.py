@@ -1,4 +1,5 @@
-"""Turn an unreachable backing service into a clear 503 instead of a traceback."""
+"""Turn an unreachable backing service into a clear 503 instead of a traceback; with DEBUG on, a page's
+``Http404`` is still the app's 404 page."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import kombu.exceptions
 import redis
 from django.conf import settings
 from django.db import OperationalError
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.template.response import SimpleTemplateResponse
 
+from controlplane.common import errors
 from controlplane.common.redis import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -55,3 +57,23 @@ class ServiceUnavailableMiddleware:
             "unavailable.html", {"service": service, "detail": detail}, status=503
         )
         return response.render()
+
+
+class AppNotFoundPageMiddleware:
+    """With DEBUG on, Django answers an ``Http404`` with its technical "Page not found" page and never calls
+    ``handler404``; DEBUG is `make run`'s default, so a user opening a deleted job got the yellow debug
+    page. An ``Http404`` raised by a page view is the app's 404 page in both modes (``errors``); the API
+    keeps DRF's JSON (DRF handles its own ``Http404`` before this sees it), and a URL that matches no
+    pattern keeps Django's debug page under DEBUG, whose list of the URL patterns is the developer's clue.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exc):
+        if settings.DEBUG and isinstance(exc, Http404):
+            return errors.page_not_found(request, exc)
+        return None

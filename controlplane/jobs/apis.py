@@ -5,12 +5,28 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
 from controlplane.accounts.selectors import scoped
-from controlplane.common.api import TeamField, TeamOwnedSerializer
-from controlplane.jobs import services
-from controlplane.jobs.comparisons import comparison_create
+from controlplane.common.api import (
+    ID_PATTERN,
+    QUEUE_FULL,
+    NameField,
+    Pagination,
+    TeamField,
+    TeamOwnedSerializer,
+)
+from controlplane.common.documents import (
+    JobConfigField,
+    ModelDocumentField,
+    PlanDocumentField,
+    StrategyDocumentField,
+    StrictFieldsMixin,
+    TrainingDocumentField,
+)
+from controlplane.jobs import selectors, services
+from controlplane.jobs.comparisons import comparison_cancel, comparison_create
 from controlplane.jobs.models import CommComparison, JobNode, TrainingJob
 from controlplane.live.selectors import stored_events
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
@@ -36,6 +52,11 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     world_size = serializers.IntegerField(read_only=True)
     predicted_step_time_s = serializers.FloatField(read_only=True, allow_null=True)
     nodes = serializers.SerializerMethodField()
+    config = JobConfigField(read_only=True)
+    plan = PlanDocumentField(read_only=True, allow_null=True)
+    cancelled_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="who cancelled the current attempt"
+    )
 
     class Meta:
         model = TrainingJob
@@ -61,6 +82,9 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "error",
             "human_readable_error",
             "cancel_requested",
+            "cancelled_by",
+            "tags",
+            "notes",
             "created_at",
             "started_at",
             "finished_at",
@@ -71,18 +95,18 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         return JobNodeSerializer(job.nodes.filter(attempt=job.attempts), many=True).data
 
 
-class JobCreateSerializer(serializers.Serializer):
+class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     """A job from a plan (its strategy) or a strategy, plus the model and the training config."""
 
     team = TeamField()
-    name = serializers.CharField(max_length=200)
+    name = NameField()
     plan_id = serializers.IntegerField(
         required=False, help_text="a stored plan: its strategy, model and training"
     )
-    model = serializers.JSONField(required=False, help_text="model.json (default: the stored plan's)")
-    plan = serializers.JSONField(required=False, help_text="plan.json (its strategy is used)")
-    strategy = serializers.JSONField(required=False, help_text="strategy.json (when no plan is given)")
-    training = serializers.JSONField(required=False, help_text="training.json")
+    model = ModelDocumentField(required=False, help_text="model.json (default: the stored plan's)")
+    plan = PlanDocumentField(required=False, help_text="plan.json (its strategy is used)")
+    strategy = StrategyDocumentField(required=False, help_text="strategy.json (when no plan is given)")
+    training = TrainingDocumentField(required=False, help_text="training.json")
     steps = serializers.IntegerField(min_value=1, max_value=1_000_000, default=20)
     lr = serializers.FloatField(min_value=0, required=False)
     seed = serializers.IntegerField(min_value=0, required=False)
@@ -130,6 +154,7 @@ class CommComparisonSerializer(serializers.ModelSerializer):
             "request",
             "result",
             "human_readable_error",
+            "cancel_requested",
             "created_at",
             "started_at",
             "finished_at",
@@ -137,13 +162,107 @@ class CommComparisonSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class JobAnnotateSerializer(serializers.Serializer):
+    """PATCH: a job's tags and notes (each replaces what was there). The rules (at most 20 tags of 1-40
+    characters, notes up to 10,000 characters, no control characters) are ``services.clean_tags`` /
+    ``clean_notes``."""
+
+    tags = serializers.ListField(child=serializers.CharField(trim_whitespace=False), required=False)
+    notes = serializers.CharField(allow_blank=True, trim_whitespace=False, required=False)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            return super().to_internal_value(data)  # "expected a dictionary"
+        if unknown := sorted(set(data) - set(self.fields)):
+            raise serializers.ValidationError(
+                {key: ["unknown field: only a job's tags and notes can be changed"] for key in unknown}
+            )
+        # the values as sent: the service checks them (DRF would turn a number into a string tag)
+        return {key: data[key] for key in self.fields if key in data}
+
+
+class JobRowsQuery(serializers.Serializer):
+    ids = serializers.RegexField(
+        r"^\d+(,\d+)*$", required=False, help_text="comma-separated job ids (default: the newest jobs)"
+    )
+    limit = serializers.IntegerField(
+        min_value=1, max_value=selectors.LIST_LIMIT, default=selectors.LIST_LIMIT
+    )
+
+    def validate_ids(self, value: str) -> list[int]:
+        ids = [int(i) for i in value.split(",")]
+        if len(ids) > selectors.LIST_LIMIT:
+            raise serializers.ValidationError(f"at most {selectors.LIST_LIMIT} ids, got {len(ids)}")
+        return ids
+
+
+class JobRowSerializer(serializers.Serializer):
+    """One row of the job lists: the figures the jobs page and the dashboard show."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    team = serializers.CharField()
+    team_slug = serializers.CharField()
+    state = serializers.CharField()
+    attempts = serializers.IntegerField()
+    model = serializers.CharField()
+    strategy = serializers.CharField()
+    nnodes = serializers.IntegerField()
+    nproc_per_node = serializers.IntegerField()
+    world_size = serializers.IntegerField()
+    step = serializers.IntegerField(allow_null=True, help_text="latest step reported")
+    steps = serializers.IntegerField(allow_null=True, help_text="last step of the run")
+    progress = serializers.FloatField(allow_null=True, help_text="0..1")
+    tokens_per_s = serializers.FloatField(allow_null=True)
+    predicted_step_time_s = serializers.FloatField(allow_null=True)
+    measured_step_time_s = serializers.FloatField(allow_null=True)
+    measured_is_final = serializers.BooleanField(
+        help_text="true: the run summary; false: the mean over the latest steady steps"
+    )
+    steady = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField()),
+        help_text="[step_time_s, tokens_per_s] of the latest steady steps (a page goes on from them)",
+    )
+    last_step = serializers.IntegerField(allow_null=True)
+    last_seq = serializers.IntegerField(help_text="newest stored seq of the job's stream")
+    tags = serializers.ListField(child=serializers.CharField())
+    notes = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    stream = serializers.CharField()
+    url = serializers.CharField()
+
+
 class EventsQuery(serializers.Serializer):
-    after_seq = serializers.IntegerField(min_value=0, default=0)
+    after_seq = serializers.IntegerField(min_value=0, max_value=2**63 - 1, default=0)
+
+
+class StreamEventSerializer(serializers.Serializer):
+    """One stored event of a live stream, as published (``StreamEvent.as_event``)."""
+
+    stream = serializers.CharField()
+    seq = serializers.IntegerField()
+    time = serializers.CharField(help_text="ISO 8601, UTC, milliseconds")
+    kind = serializers.CharField(help_text="train, event, log, system, ...")
+    step = serializers.IntegerField(allow_null=True)
+    values = serializers.DictField(help_text="the event's figures or message")
+
+
+class ProbeSerializer(serializers.Serializer):
+    message = serializers.CharField(
+        required=False, default="live probe", help_text="the event's message (its first 200 characters)"
+    )
+
+
+class ProbeAcceptedSerializer(serializers.Serializer):
+    task_id = serializers.CharField()
+    stream = serializers.CharField()
 
 
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     queryset = TrainingJob.objects.select_related("team")
     serializer_class = TrainingJobSerializer
+    pagination_class = Pagination
+    lookup_value_regex = ID_PATTERN
 
     def get_queryset(self):
         qs = scoped(super().get_queryset(), self.request.user)
@@ -151,7 +270,28 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             qs = qs.filter(state=state)
         return qs
 
-    @extend_schema(request=JobCreateSerializer, responses={201: TrainingJobSerializer})
+    @extend_schema(request=JobAnnotateSerializer, responses={200: TrainingJobSerializer})
+    def partial_update(self, request, pk=None):
+        """Set the job's ``tags`` and/or ``notes``."""
+        job = self.get_object()
+        data = JobAnnotateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = services.job_annotate(job=job, **data.validated_data)
+        return Response(self.get_serializer(job).data)
+
+    @extend_schema(parameters=[JobRowsQuery], responses={200: JobRowSerializer(many=True)})
+    @action(detail=False, methods=["get"], pagination_class=None)
+    def rows(self, request):
+        """The job list's rows (newest first): state, progress, tokens/s and step time as the jobs page
+        shows them; a page re-reads the rows a live notice names."""
+        query = JobRowsQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        rows = selectors.job_rows(
+            request.user, limit=query.validated_data["limit"], ids=query.validated_data.get("ids")
+        )
+        return Response([row.as_dict() for row in rows])
+
+    @extend_schema(request=JobCreateSerializer, responses={201: TrainingJobSerializer, 429: QUEUE_FULL})
     def create(self, request):
         data = JobCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
@@ -162,17 +302,17 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         """Stop the job: a queued job is cancelled at once, a running one within seconds."""
-        job = services.job_cancel(job=self.get_object())
+        job = services.job_cancel(job=self.get_object(), user=request.user)
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={202: TrainingJobSerializer})
+    @extend_schema(request=None, responses={202: TrainingJobSerializer, 429: QUEUE_FULL})
     @action(detail=True, methods=["post"])
     def relaunch(self, request, pk=None):
         """Launch a failed or cancelled job again (a new attempt)."""
         job = services.job_launch(job=self.get_object())
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=serializers.Serializer, responses={202: None})
+    @extend_schema(request=ProbeSerializer, responses={202: ProbeAcceptedSerializer})
     @action(detail=True, methods=["post"])
     def probe(self, request, pk=None):
         """Ask a Celery worker to publish one event on this job's live stream."""
@@ -187,11 +327,9 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         result = probe.apply_async((job.stream, message), queue="default", ignore_result=True)
         return Response({"task_id": result.id, "stream": job.stream}, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(
-        request=CommCompareSerializer,
-        responses={201: CommComparisonSerializer, 200: CommComparisonSerializer(many=True)},
-    )
-    @action(detail=True, methods=["get", "post"], url_path="comm-compare")
+    @extend_schema(methods=["GET"], responses={200: CommComparisonSerializer(many=True)})
+    @extend_schema(methods=["POST"], request=CommCompareSerializer, responses={201: CommComparisonSerializer})
+    @action(detail=True, methods=["get", "post"], url_path="comm-compare", pagination_class=None)
     def comm_compare(self, request, pk=None):
         """Compare communication methods for this job's model on the emulated two-tier network (POST), or
         list the comparisons run so far (GET)."""
@@ -205,8 +343,19 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         comparison = comparison_create(job=job, created_by=request.user, **data.validated_data)
         return Response(CommComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(parameters=[EventsQuery])
-    @action(detail=True, methods=["get"])
+    @extend_schema(request=None, responses={202: CommComparisonSerializer})
+    @action(detail=True, methods=["post"], url_path=rf"comm-compare/(?P<comparison_id>{ID_PATTERN})/cancel")
+    def comm_compare_cancel(self, request, pk=None, comparison_id=None):
+        """Stop a comparison of this job: the running method's processes are stopped and the emulated
+        network removed; the methods measured before are kept."""
+        comparison = self.get_object().comm_comparisons.filter(pk=comparison_id).first()
+        if comparison is None:
+            raise NotFound("No such comparison of this job.")
+        comparison = comparison_cancel(comparison=comparison, user=request.user)
+        return Response(CommComparisonSerializer(comparison).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(parameters=[EventsQuery], responses={200: StreamEventSerializer(many=True)})
+    @action(detail=True, methods=["get"], pagination_class=None)
     def events(self, request, pk=None):
         """The stored history of this job's stream (``after_seq`` to page)."""
         job = self.get_object()

@@ -41,6 +41,20 @@ class TrainingJob(LongRunningJob):
     measured = models.JSONField(null=True, blank=True, help_text="run summary written by rank 0")
     cancel_requested = models.BooleanField(default=False)
     heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="last sign of life of a supervisor")
+    cancelled_by = models.ForeignKey(
+        "auth.User",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="who asked to cancel the current attempt (its page says 'cancelled by <user>')",
+    )
+    tags = models.JSONField(
+        default=list, blank=True, help_text="short labels (at most 20, 1-40 characters each)"
+    )
+    notes = models.TextField(
+        blank=True, default="", help_text="free text about the run (at most 10,000 characters)"
+    )
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
@@ -95,6 +109,10 @@ class CommComparison(LongRunningJob):
     )
     result = models.JSONField(
         null=True, blank=True, help_text="network, model, setup, methods{name: figures}"
+    )
+    cancel_requested = models.BooleanField(
+        default=False,
+        help_text="asked to stop: the running method's processes are stopped, the network torn down",
     )
 
     def __str__(self) -> str:

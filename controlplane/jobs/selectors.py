@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
-from django.db.models import Max, QuerySet
+from django.db.models import Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
 from controlplane.jobs.models import TrainingJob
@@ -43,27 +43,70 @@ def strategy_short(strategy: dict | None) -> str:
         return "—"
 
 
-def latest_train_values(streams: list[str]) -> dict[str, dict]:
-    """The values of the newest ``train`` event of each stream (one query for the latest seqs)."""
+# rows the jobs page lists (newest first)
+LIST_LIMIT = 200
+# steps averaged into a running (or stopped) job's figures: the job page's STEADY_WINDOW (jobs.js)
+STEADY_WINDOW = 10
+# newest events read per stream to find them (profiled steps and lifecycle events fall in between)
+STEADY_TAIL = 4 * STEADY_WINDOW
+
+
+@dataclass
+class SteadyFigures:
+    """A job's live figures as its page computes them (``JobSeries`` in jobs.js): the mean step time and
+    tokens/s over the latest ``STEADY_WINDOW`` steady steps of the latest run segment, leaving out the
+    first step of a segment and profiled steps (a step that does not increase starts a new segment: a
+    relaunch, a restart). ``recent`` is that window, so a page can go on from it with live events."""
+
+    last_seq: int = 0
+    last_step: int | None = None
+    recent: list[tuple[float, float]] = field(default_factory=list)
+
+    def push(self, step: int, values: dict, *, first: bool) -> None:
+        if self.last_step is not None and step <= self.last_step:
+            self.recent = []
+        self.last_step = step
+        if not first and not values.get("profiled") and values.get("step_time_s"):
+            self.recent.append((values["step_time_s"], values.get("tokens_per_s") or 0.0))
+            del self.recent[:-STEADY_WINDOW]
+
+    def mean(self, i: int) -> float | None:
+        return sum(r[i] for r in self.recent) / len(self.recent) if self.recent else None
+
+
+def steady_figures(streams: list[str]) -> dict[str, SteadyFigures]:
+    """``SteadyFigures`` of each stream from its newest stored events (two queries for all streams)."""
     if not streams:
         return {}
-    newest = (
-        StreamEvent.objects.filter(stream__in=streams, kind="train")
+    newest = dict(
+        StreamEvent.objects.filter(stream__in=streams)
         .values("stream")
         .annotate(seq=Max("seq"))
         .values_list("stream", "seq")
     )
-    pairs = list(newest)
-    if not pairs:
-        return {}
-    rows = StreamEvent.objects.filter(stream__in=[s for s, _ in pairs], seq__in=[q for _, q in pairs])
-    wanted = set(pairs)
-    return {row.stream: row.values for row in rows if (row.stream, row.seq) in wanted}
+    out = {stream: SteadyFigures(last_seq=seq) for stream, seq in newest.items()}
+    if not newest:
+        return out
+    tail = Q()
+    for stream, seq in newest.items():
+        tail |= Q(stream=stream, seq__gt=seq - STEADY_TAIL)
+    train = StreamEvent.objects.filter(tail, kind="train").order_by("stream", "seq")
+    previous: dict[str, int | None] = {}
+    for stream, step, values in train.values_list("stream", "step", "values"):
+        figures = out[stream]
+        if stream not in previous:  # the oldest event read: the stream's first step only if nothing is older
+            first = newest[stream] <= STEADY_TAIL
+        else:
+            first = step <= previous[stream]
+        previous[stream] = step
+        figures.push(step, values or {}, first=first)
+    return out
 
 
 @dataclass(frozen=True)
 class JobRow:
-    """One line of the job list."""
+    """One line of the job lists (the jobs page, the dashboard): what the template renders and what
+    ``GET /api/jobs/rows/`` answers, so the page updates a row from the same figures."""
 
     job: TrainingJob
     strategy: str
@@ -72,25 +115,77 @@ class JobRow:
     predicted_step_time_s: float | None
     measured_step_time_s: float | None
     measured_is_final: bool
+    step: int | None
+    steps: int | None
+    steady: SteadyFigures
+
+    @property
+    def progress(self) -> float | None:
+        """Steps done of the run (1 once it succeeded); None before the first step."""
+        if self.job.state == "succeeded":
+            return 1.0
+        if self.step is None or not self.steps:
+            return None
+        return min(1.0, self.step / self.steps)
+
+    def as_dict(self) -> dict:
+        job = self.job
+        return {
+            "id": job.pk,
+            "name": job.name,
+            "team": job.team.name,
+            "team_slug": job.team.slug,
+            "state": job.state,
+            "attempts": job.attempts,
+            "model": self.model,
+            "strategy": self.strategy,
+            "nnodes": job.nnodes,
+            "nproc_per_node": job.nproc_per_node,
+            "world_size": job.world_size,
+            "step": self.step,
+            "steps": self.steps,
+            "progress": self.progress,
+            "tokens_per_s": self.tokens_per_s,
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "measured_step_time_s": self.measured_step_time_s,
+            "measured_is_final": self.measured_is_final,
+            "steady": [list(r) for r in self.steady.recent],
+            "last_step": self.steady.last_step,
+            "last_seq": self.steady.last_seq,
+            "tags": job.tags or [],
+            "notes": job.notes,
+            "created_at": job.created_at.isoformat(),
+            "stream": job.stream,
+            "url": f"/jobs/{job.pk}/",
+        }
 
 
-def job_rows(user, limit: int = 200) -> list[JobRow]:
-    """The list page: finished jobs show their run summary; running ones their latest step."""
-    jobs = list(jobs_of(user)[:limit])
-    live = latest_train_values([j.stream for j in jobs if not j.measured])
+def job_rows(user, limit: int = LIST_LIMIT, ids: list[int] | None = None) -> list[JobRow]:
+    """The job lists, newest first: a succeeded job shows its run summary; any other the mean over its
+    latest steady steps (the job page's figures). ``ids`` limits them to those jobs."""
+    jobs = jobs_of(user)
+    if ids is not None:
+        jobs = jobs.filter(pk__in=ids)
+    jobs = list(jobs[:limit])
+    live = steady_figures([j.stream for j in jobs])
     rows = []
     for job in jobs:
-        final = bool(job.measured)
-        figures = job.measured or live.get(job.stream) or {}
+        steady = live.get(job.stream) or SteadyFigures()
+        final = job.state == "succeeded" and bool(job.measured)
+        config = job.config or {}
+        steps = config.get("steps")
         rows.append(
             JobRow(
                 job=job,
-                strategy=strategy_short((job.config or {}).get("strategy")),
-                model=((job.config or {}).get("model") or {}).get("name") or "—",
-                tokens_per_s=figures.get("tokens_per_s"),
+                strategy=strategy_short(config.get("strategy")),
+                model=(config.get("model") or {}).get("name") or "—",
+                tokens_per_s=job.measured.get("tokens_per_s") if final else steady.mean(1),
                 predicted_step_time_s=job.predicted_step_time_s,
-                measured_step_time_s=figures.get("step_time_s"),
+                measured_step_time_s=job.measured.get("step_time_s") if final else steady.mean(0),
                 measured_is_final=final,
+                step=steady.last_step,
+                steps=(steps + (config.get("start_step") or 0)) if isinstance(steps, int) else None,
+                steady=steady,
             )
         )
     return rows
@@ -102,8 +197,9 @@ def job_history(job: TrainingJob, limit: int = HISTORY_PAGE) -> list[dict]:
 
 
 def compared_series(jobs: list[TrainingJob]) -> list[dict]:
-    """Per job: its ``train`` points (step, loss, tokens/s) from stored events and the last seq of its
-    stream, so the compare page can subscribe without duplicating or missing a point."""
+    """Per job: its ``train`` points (step, loss, tokens/s, and beside each its ``attempt`` and whether
+    the step was ``profiled``) from stored events and the last seq of its stream, so the compare page can
+    subscribe without duplicating or missing a point, and draw each attempt as its own line."""
     streams = [j.stream for j in jobs]
     last = dict(
         StreamEvent.objects.filter(stream__in=streams)
@@ -111,17 +207,27 @@ def compared_series(jobs: list[TrainingJob]) -> list[dict]:
         .annotate(seq=Max("seq"))
         .values_list("stream", "seq")
     )
-    points: dict[str, dict[str, list]] = {s: {"step": [], "loss": [], "tokens_per_s": []} for s in streams}
+    keys = ("step", "loss", "tokens_per_s", "attempt", "profiled")
+    points: dict[str, dict[str, list]] = {s: {k: [] for k in keys} for s in streams}
     train = (
-        StreamEvent.objects.filter(stream__in=streams, kind="train")
+        StreamEvent.objects.filter(
+            Q(kind="train") | Q(kind="event", values__state="queued"), stream__in=streams
+        )
         .order_by("stream", "seq")
-        .values_list("stream", "step", "values")
+        .values_list("stream", "kind", "step", "values")
     )
-    for stream, step, values in train.iterator(chunk_size=2000):
+    launches: dict[str, int] = {}
+    for stream, kind, step, values in train.iterator(chunk_size=2000):
+        if kind == "event":  # a (re)launch: the train events after it are that attempt's
+            launches[stream] = values.get("attempt") or launches.get(stream, 0) + 1
+            continue
         series = points[stream]
         series["step"].append(step)
         series["loss"].append(values.get("loss"))
         series["tokens_per_s"].append(values.get("tokens_per_s"))
+        # events written before they carried their attempt belong to the launch before them
+        series["attempt"].append(values.get("attempt") or launches.get(stream) or 1)
+        series["profiled"].append(bool(values.get("profiled")))
     return [
         {
             "id": job.pk,
@@ -129,6 +235,7 @@ def compared_series(jobs: list[TrainingJob]) -> list[dict]:
             "stream": job.stream,
             "state": job.state,
             "finished": job.is_finished,
+            "attempts": job.attempts,
             "strategy": strategy_short((job.config or {}).get("strategy")),
             "last_seq": last.get(job.stream, 0),
             **points[job.stream],

@@ -7,27 +7,43 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, transaction
+from django.db import DatabaseError, OperationalError, close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 
 from controlplane.common.models import JobState
 from controlplane.common.redis import redis_client
 from controlplane.jobs.models import JobNode, TrainingJob
 from controlplane.jobs.selectors import NODE_QUEUE_PREFIX, online_node_queues
 from controlplane.jobs.tasks import launch_job, run_node
-from controlplane.live.services import publish_after_commit
+from controlplane.live.feeds import notify_after_commit
+from controlplane.live.services import publish, publish_after_commit
 from workers.training import supervisor
 
 log = logging.getLogger(__name__)
 
 # CPU ranks one machine may run per node (torchrun --nproc-per-node); GPUs/NPUs are bounded by the device count
 MAX_CPU_RANKS_PER_NODE = int(os.environ.get("CANN_TRAIN_MAX_CPU_RANKS", "4"))
+# GPUs / NPUs one node may run a job on: 8 on a DGX H100 or an Atlas 800T A2 node, 16 on the densest
+# accelerator servers (HGX-2); a worker also checks the devices it really has before it starts the ranks
+MAX_DEVICES_PER_NODE = 16
+# work one team may have queued or running at once (a runaway script cannot fill the workers' queues)
+MAX_ACTIVE_JOBS_PER_TEAM = int(os.environ.get("CANN_TRAIN_MAX_ACTIVE_JOBS", "20"))
+# steps a CPU job may ask for: ~1 day at the 1 s steps of this machine's small models
+MAX_CPU_STEPS = 100_000
+
+
+class TooMuchQueuedWork(APIException):
+    status_code = 429
+    default_code = "too_much_queued_work"
+
+
 # a supervisor that has not written a heartbeat for this long is presumed dead
 HEARTBEAT_TIMEOUT = timedelta(seconds=float(os.environ.get("CANN_TRAIN_HEARTBEAT_TIMEOUT_S", "20")))
 
@@ -44,6 +60,8 @@ def validated_config(config: dict) -> dict:
 
 def _job_event(job: TrainingJob, values: dict) -> None:
     publish_after_commit(job.stream, "event", values)
+    if "state" in values:  # open job lists of the team refresh this row (a new job: add it)
+        notify_after_commit("jobs", job.team_id, {"id": job.pk, "state": values["state"]})
 
 
 def check_fits_this_machine(config: dict, nproc_per_node: int) -> None:
@@ -189,6 +207,23 @@ def job_create(
                 ]
             }
         )
+    if config.get("device", "auto") in {"cuda", "npu"} and nproc > MAX_DEVICES_PER_NODE:
+        raise ValidationError(
+            {
+                "nnodes": [
+                    f"{world} ranks on {nnodes} node(s) is {nproc} {config['device']} devices per node; no node "
+                    f"has more than {MAX_DEVICES_PER_NODE}. Use more nodes."
+                ]
+            }
+        )
+    if config.get("device", "auto") in {"auto", "cpu"} and int(config.get("steps") or 0) > MAX_CPU_STEPS:
+        raise ValidationError(
+            {
+                "steps": [
+                    f"at most {MAX_CPU_STEPS:,} steps for a CPU job (about a day here); got {config['steps']:,}"
+                ]
+            }
+        )
     check_fits_this_machine(config, nproc)
     with transaction.atomic():
         job = TrainingJob.objects.create(
@@ -212,11 +247,25 @@ def job_launch(*, job: TrainingJob) -> TrainingJob:
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         if job.attempts and job.state not in (JobState.FAILED, JobState.CANCELLED):
             raise ValidationError({"state": [f"a {job.state} job cannot be launched again; cancel it first"]})
+        active = (
+            TrainingJob.objects.filter(
+                team_id=job.team_id, attempts__gt=0, state__in=(JobState.QUEUED, *TrainingJob.ACTIVE_STATES)
+            )
+            .exclude(pk=job.pk)
+            .count()
+        )
+        if active >= MAX_ACTIVE_JOBS_PER_TEAM:
+            raise TooMuchQueuedWork(
+                f"Your team has {active} jobs queued or running, the most one team may have at once "
+                f"(CANN_TRAIN_MAX_ACTIVE_JOBS={MAX_ACTIVE_JOBS_PER_TEAM}). Wait for some to finish, or cancel some."
+            )
         job.attempts += 1
         job.state = JobState.QUEUED
         job.cancel_requested = False
+        job.cancelled_by = None
         job.error = job.human_readable_error = ""
         job.progress = 0.0
+        job.measured = None  # the run summary is the new attempt's to write
         job.started_at = job.finished_at = job.heartbeat_at = None
         job.save()
         attempt = job.attempts
@@ -226,18 +275,89 @@ def job_launch(*, job: TrainingJob) -> TrainingJob:
     return job
 
 
-def job_cancel(*, job: TrainingJob) -> TrainingJob:
+def cancelled_message(job: TrainingJob) -> str:
+    """What a cancelled job says instead of an error: who asked for it."""
+    return f"Cancelled by {job.cancelled_by.get_username()}." if job.cancelled_by_id else "Cancelled."
+
+
+def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
+    """Ask the job to stop (``user`` is remembered: the job then says who cancelled it)."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         if job.is_finished:
             raise ValidationError({"state": [f"the job already ended ({job.state})"]})
         job.cancel_requested = True
+        job.cancelled_by = user if user is not None and user.is_authenticated else None
         if job.state == JobState.QUEUED:  # nothing started: no supervisor to tell
             job.state = JobState.CANCELLED
             job.finished_at = timezone.now()
+            job.human_readable_error, job.error = cancelled_message(job), ""
             job.nodes.filter(attempt=job.attempts, state=JobState.QUEUED).update(state=JobState.CANCELLED)
-            _job_event(job, {"state": "cancelled"})
+            _job_event(
+                job, {"state": "cancelled", "attempt": job.attempts, "message": job.human_readable_error}
+            )
         job.save()
+    return job
+
+
+MAX_TAGS, TAG_MAX_CHARS, NOTES_MAX_CHARS = 20, 40, 10_000
+
+
+def _bad_characters(text: str, allowed: str = "") -> list[str]:
+    """Control characters (Unicode Cc) and lone surrogates (Cs: no database stores them) in ``text``."""
+    import unicodedata
+
+    bad = {c for c in text if c not in allowed and unicodedata.category(c) in ("Cc", "Cs")}
+    return [f"U+{ord(c):04X}" for c in sorted(bad)]
+
+
+def clean_tags(tags: list) -> list[str]:
+    """At most 20 labels of 1-40 characters, no control characters; surrounding spaces stripped, repeats
+    dropped (first kept)."""
+    if not isinstance(tags, list):
+        raise ValidationError({"tags": ["must be a list of strings"]})
+    out: list[str] = []
+    for i, tag in enumerate(tags):
+        if not isinstance(tag, str):
+            raise ValidationError({"tags": [f"tag {i + 1} must be a string, got {type(tag).__name__}"]})
+        tag = tag.strip()
+        if not 1 <= len(tag) <= TAG_MAX_CHARS:
+            raise ValidationError(
+                {"tags": [f"tag {i + 1} has {len(tag)} characters; a tag has 1 to {TAG_MAX_CHARS}"]}
+            )
+        if bad := _bad_characters(tag):
+            raise ValidationError({"tags": [f"tag {i + 1} contains control characters ({', '.join(bad)})"]})
+        if tag not in out:
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise ValidationError({"tags": [f"{len(out)} tags; a job carries at most {MAX_TAGS}"]})
+    return out
+
+
+def clean_notes(notes: str) -> str:
+    """Free text of at most 10,000 characters; line breaks and tabs are fine, other control characters
+    are not."""
+    if not isinstance(notes, str):
+        raise ValidationError({"notes": ["must be a string"]})
+    if len(notes) > NOTES_MAX_CHARS:
+        raise ValidationError({"notes": [f"{len(notes):,} characters; at most {NOTES_MAX_CHARS:,}"]})
+    if bad := _bad_characters(notes, allowed="\n\r\t"):
+        raise ValidationError({"notes": [f"contains control characters ({', '.join(bad)})"]})
+    return notes
+
+
+def job_annotate(*, job: TrainingJob, tags: list | None = None, notes: str | None = None) -> TrainingJob:
+    """Set a job's tags and/or notes (each replaces what was there); open job lists of the team refresh."""
+    changed = []
+    if tags is not None:
+        job.tags = clean_tags(tags)
+        changed.append("tags")
+    if notes is not None:
+        job.notes = clean_notes(notes)
+        changed.append("notes")
+    if changed:
+        job.save(update_fields=[*changed, "updated_at"])
+        notify_after_commit("jobs", job.team_id, {"id": job.pk, "annotated": changed})
     return job
 
 
@@ -254,7 +374,7 @@ def job_fail(*, job_id: int, human: str, error: str = "") -> None:
         job.nodes.filter(attempt=job.attempts).exclude(state__in=TrainingJob.TERMINAL_STATES).update(
             state=JobState.FAILED, finished_at=job.finished_at
         )
-        _job_event(job, {"state": "failed", "message": human})
+        _job_event(job, {"state": "failed", "message": human, "attempt": job.attempts})
 
 
 def node_started(*, node: JobNode, pid: int) -> None:
@@ -309,6 +429,8 @@ def node_finished(
         states = {n.state for n in nodes}
         if job.cancel_requested or JobState.CANCELLED in states:
             job.state = JobState.CANCELLED
+            # a clean end: who asked for it, not the traceback torchrun prints when it is stopped
+            job.human_readable_error, job.error = cancelled_message(job), ""
         elif states == {JobState.SUCCEEDED}:
             job.state = JobState.SUCCEEDED
             job.progress = 1.0
@@ -322,7 +444,9 @@ def node_finished(
             job.error = log_tail[-2000:]
         job.finished_at = now
         job.save()
-        values = {"state": job.state, "exit_codes": [n.exit_code for n in nodes]}
+        values = {"state": job.state, "attempt": node.attempt, "exit_codes": [n.exit_code for n in nodes]}
+        if job.state == JobState.CANCELLED:
+            values["message"] = job.human_readable_error
         if job.measured:
             values["measured"] = {
                 k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")
@@ -395,17 +519,41 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
             node_rank,
         )
         return "skipped"
-    JobNode.objects.filter(pk=node.pk).update(node_name=supervisor.node_name())
+    # picked up: from now on this node's heartbeats say whether its supervisor lives (a node still waiting
+    # in the queue for a free worker slot has none, and the reaper leaves its job alone)
+    picked_at = timezone.now()
+    JobNode.objects.filter(pk=node.pk).update(node_name=supervisor.node_name(), heartbeat_at=picked_at)
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=picked_at)
+    from workers.training.device import device_memory_GiB, devices_missing, select_device
+    from workers.training.fits import memory_problem
+
+    requested = job.config.get("device", "auto")
+    problem = devices_missing(requested, job.nproc_per_node)
+    if not problem:  # the devices are there: will the job's ranks fit in their memory?
+        kind = select_device(requested).kind
+        problem = memory_problem(
+            job.config, job.nproc_per_node, device_kind=kind, device_memory_GiB=device_memory_GiB(kind)
+        )
+    if problem:
+        job_fail(job_id=job.pk, human=problem)
+        return "failed"
     workdir = job_dir(job, attempt)
     try:
         endpoint = supervisor.rendezvous_endpoint(
-            redis_client(), f"cann:rdzv:job/{job.pk}/{attempt}", node_rank, address=supervisor.node_address()
+            redis_client(),
+            f"cann:rdzv:job/{job.pk}/{attempt}",
+            node_rank,
+            address=supervisor.node_address(),
+            on_wait=lambda: heartbeat(node=node),
         )
     except TimeoutError as exc:
         job_fail(job_id=job.pk, human=f"Job {job.pk}: {exc}")
         return "failed"
     config_path = workdir / f"config-node{node_rank}.json"
-    config_path.write_text(json.dumps({**job.config, "job_id": str(job.pk), "redis_url": settings.REDIS_URL}))
+    # ``attempt`` labels every event the run publishes (the job page draws each attempt as its own trace)
+    config_path.write_text(
+        json.dumps({**job.config, "job_id": str(job.pk), "redis_url": settings.REDIS_URL, "attempt": attempt})
+    )
     # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
     # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
     summary_path = workdir / f"summary-node{node_rank}.json"
@@ -437,19 +585,49 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         log_path=workdir / f"node{node_rank}.log",
         cwd=settings.BASE_DIR,
         env=torchrun_env(),
-        on_start=lambda pid: node_started(node=node, pid=pid),
+        on_start=lambda pid: _until_the_database_answers(
+            lambda: node_started(node=node, pid=pid),
+            what=f"record that job {job.pk} node {node_rank} started",
+        ),
         on_heartbeat=beat,
+        # the live log: new lines (noise filtered, batched by the supervisor) as events on the job's stream
+        on_output=lambda lines: publish(
+            job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt}
+        ),
     )
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    close_old_connections()
-    node_finished(
-        node=node,
-        exit_code=outcome.exit_code,
-        cancelled=outcome.cancelled,
-        log_tail=outcome.log_tail,
-        summary=summary,
+    _until_the_database_answers(
+        lambda: node_finished(
+            node=node,
+            exit_code=outcome.exit_code,
+            cancelled=outcome.cancelled,
+            log_tail=outcome.log_tail,
+            summary=summary,
+        ),
+        what=f"record how job {job.pk} node {node_rank} ended",
     )
     return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}"
+
+
+# how long a node's supervisor keeps trying to record the end of its run while the database is away
+DATABASE_RETRY_S = 300.0
+
+
+def _until_the_database_answers(write, *, what: str):
+    """Run ``write`` (one transaction), retrying on a fresh connection while the database is unreachable (a
+    restart takes seconds): the outcome of a run that already happened must not be lost."""
+    deadline = time.monotonic() + DATABASE_RETRY_S
+    delay = 0.5
+    while True:
+        close_old_connections()
+        try:
+            return write()
+        except OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("database unreachable; will %s again in %.1f s", what, delay, exc_info=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 # the run summary's figures that sit beside a plan's prediction
@@ -474,17 +652,37 @@ def record_measurement(*, job: TrainingJob) -> None:
     plan_record_measurement(plan=job.source_plan, measured=measured, source=f"job/{job.pk}")
 
 
+def job_progress_from_events(stream: str, events: list[dict]) -> None:
+    """A running job's progress is its newest trained step over the steps it was asked for (the relay
+    calls this with every stored batch)."""
+    kind, _, pk = stream.partition("/")
+    steps = [e["step"] for e in events if e.get("kind") == "train" and isinstance(e.get("step"), int)]
+    if kind != "job" or not steps or not pk.isdigit():
+        return
+    job = TrainingJob.objects.filter(pk=int(pk), state__in=TrainingJob.ACTIVE_STATES).only("config").first()
+    total = int((job.config or {}).get("steps") or 0) if job else 0
+    if total > 0:
+        TrainingJob.objects.filter(pk=job.pk, state__in=TrainingJob.ACTIVE_STATES).update(
+            progress=round(min(1.0, max(steps) / total), 4)
+        )
+
+
 def reap_orphans(
     *, now=None, stale_after: timedelta | None = None, node_name: str | None = None, human: str | None = None
 ) -> list[int]:
     """Fail jobs whose supervising worker stopped sending heartbeats (it died or was stopped): they stay
-    visible and can be relaunched, instead of sitting "running" forever. ``node_name`` limits it to jobs
+    visible and can be relaunched, instead of sitting "running" forever. A job no supervisor has picked up
+    yet (its node tasks wait for a free worker slot) has sent no heartbeat and is not failed. ``node_name`` limits it to jobs
     with a running node of that name (``make run`` stopping its own worker); ``stale_after`` defaults to
     ``HEARTBEAT_TIMEOUT``. Returns the ids it failed."""
     now = now or timezone.now()
     stale = TrainingJob.objects.filter(
-        state__in=TrainingJob.ACTIVE_STATES, heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT)
-    )
+        state__in=TrainingJob.ACTIVE_STATES,
+        heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT),
+        # only jobs a supervisor picked up: one whose nodes wait in the queue for a worker slot is queued
+        nodes__attempt=F("attempts"),
+        nodes__heartbeat_at__isnull=False,
+    ).distinct()
     if node_name is not None:
         stale = _with_running_node(stale, node_name)
     failed = []

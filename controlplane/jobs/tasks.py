@@ -2,8 +2,9 @@
 
 ``launch_job`` runs on the ``training`` queue and fans out one ``run_node`` per node: to any training
 worker for a one-node job, or to the node queues (``node.<name>``, one per host's worker) for a
-multi-node one. All are ``acks_late`` + ``reject_on_worker_lost``: a worker that dies does not drop the
-message silently, and a repeated delivery is recognised and skipped (the job row says what happened).
+multi-node one. The short ones are ``acks_late`` + ``reject_on_worker_lost``: a worker that dies does not
+drop the message silently, and a repeated delivery is recognised and skipped (the job row says what
+happened); ``run_node`` is acknowledged when it starts (see there).
 The services enqueue these after their commit; each task imports its service when it runs, so the
 modules do not import each other at import time.
 """
@@ -20,14 +21,20 @@ def launch_job(job_id: int, attempt: int) -> str:
     return job_fan_out(job_id=job_id, attempt=attempt)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+# Acknowledged when it starts, not when it ends: it runs as long as the training does (hours), and a
+# message left unacknowledged that long is redelivered by the Redis transport after its visibility timeout
+# and, on a broker outage, makes kombu's restore of unacked messages crash the worker. From its start on,
+# the job's own rows (node state, heartbeats) and the reaper keep track of it.
+@shared_task(acks_late=False)
 def run_node(job_id: int, attempt: int, node_rank: int) -> str:
     from controlplane.jobs.services import node_run
 
     return node_run(job_id=job_id, attempt=attempt, node_rank=node_rank)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+# Acknowledged when it starts, like run_node: a comparison runs for minutes; its row's heartbeat and the
+# relay's reap_stalled_comparisons settle one whose worker died.
+@shared_task(acks_late=False)
 def compare_comm(comparison_id: int) -> str:
     from controlplane.jobs.comparisons import comparison_run
 

@@ -7,6 +7,7 @@ from django.http import Http404
 from django.shortcuts import render
 
 from controlplane.accounts.selectors import teams_of
+from controlplane.common.models import JobState
 from controlplane.jobs import selectors
 from controlplane.jobs.forms import CompareForm
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
@@ -14,11 +15,15 @@ from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
 @login_required
 def job_list(request):
+    rows = selectors.job_rows(request.user)
     return render(
         request,
         "jobs/list.html",
         {
-            "rows": selectors.job_rows(request.user),
+            "rows": rows,
+            "rows_data": [row.as_dict() for row in rows],
+            "limit": selectors.LIST_LIMIT,
+            "states": [state.value for state in JobState],
             "teams": list(teams_of(request.user)),
             "examples": selectors.launch_examples(),
             "max_compared": selectors.MAX_COMPARED,
@@ -32,19 +37,34 @@ def job_detail(request, pk: int):
     if job is None:  # another team's job looks exactly like no job
         raise Http404("No such job among your teams' jobs.")
     history = selectors.job_history(job)
+    # the figures the job list shows for it (a stopped job's page shows the same, not its own mean)
+    row = selectors.job_rows(request.user, ids=[job.pk])[0]
     return render(
         request,
         "jobs/detail.html",
         {
             "job": job,
             "strategy": selectors.strategy_short((job.config or {}).get("strategy")),
+            # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
+            "prediction_caveat": (
+                ((job.plan or {}).get("predicted") or {}).get("efficiency_profile") or {}
+            ).get("note", ""),
             "page": {
                 "id": job.pk,
                 "stream": job.stream,
                 "state": job.state,
                 "finished": job.is_finished,
+                "attempts": job.attempts,
+                "nnodes": job.nnodes,
+                "created_at": job.created_at.isoformat(),
                 "plan_predicted": (job.plan or {}).get("predicted") or {},
                 "measured": job.measured,
+                "figures": {
+                    "step_time_s": row.measured_step_time_s,
+                    "tokens_per_s": row.tokens_per_s,
+                    "final": row.measured_is_final,
+                },
+                "rows_api": f"/api/jobs/rows/?ids={job.pk}",
                 "moe": bool(((job.config or {}).get("model") or {}).get("moe")),
                 "history": history,
                 "history_complete": len(history) < selectors.HISTORY_PAGE,

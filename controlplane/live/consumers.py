@@ -7,6 +7,9 @@ Protocol (JSON text frames)::
     server → {"type": "subscribed", "stream": "job/42", "last_seq": 23}     # after replaying 18..23
     server → {"stream": "job/42", "seq": 24, "time": ..., "kind": ..., "step": ..., "values": {...}}
     server → {"type": "error", "stream": "job/42", "code": "not_found", "message": "..."}
+    client → {"action": "watch", "feed": "jobs"}                             # a team feed (feeds.py)
+    server → {"type": "watching", "feed": "jobs"}
+    server → {"type": "notice", "feed": "jobs", "id": 42, "state": "running"}   # a job of your teams changed
 
 Every stream is delivered in ``seq`` order without gaps or duplicates: on subscribe the consumer
 replays what the client missed (from Redis, and from the database for events Redis no longer holds),
@@ -22,6 +25,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from controlplane.accounts.selectors import teams_of
+from controlplane.live.feeds import FEEDS, feed_group
 from controlplane.live.selectors import stored_events
 from controlplane.live.streams import group_name, user_may_read
 from workers.events import STREAM_NAME, parse_entries, since_range, stream_key
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CLOSE_UNAUTHENTICATED = 4401
 MAX_SUBSCRIPTIONS = 50
+MAX_SEQ = 2**63 - 1  # Redis stream ids are 64-bit
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -42,6 +48,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.last_sent: dict[str, int] = {}
+        self.feed_groups: set[str] = set()
         self.redis = aioredis.Redis.from_url(
             settings.REDIS_URL,
             socket_connect_timeout=settings.REDIS_TIMEOUT_S,
@@ -52,16 +59,30 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         for stream in list(getattr(self, "last_sent", {})):
             await self.channel_layer.group_discard(group_name(stream), self.channel_name)
+        for group in list(getattr(self, "feed_groups", ())):
+            await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "redis", None) is not None:
             await self.redis.aclose()
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        """A frame that is not JSON text gets an error message; the socket stays open."""
+        if text_data is None:
+            return await self.send_error(None, "bad_request", "Send JSON text frames, not binary ones.")
+        try:
+            content = await self.decode_json(text_data)
+        except ValueError:
+            return await self.send_error(None, "bad_request", "That frame is not JSON; send a JSON object.")
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content, **kwargs):
         if not isinstance(content, dict):
             return await self.send_error(None, "bad_request", "Send a JSON object with an 'action'.")
         action, stream = content.get("action"), content.get("stream")
+        if action in {"watch", "unwatch"}:
+            return await self.watch(content.get("feed"), on=action == "watch")
         if action not in {"subscribe", "unsubscribe"}:
             return await self.send_error(
-                stream, "bad_request", "action must be 'subscribe' or 'unsubscribe'."
+                stream, "bad_request", "action must be 'subscribe', 'unsubscribe', 'watch' or 'unwatch'."
             )
         if not isinstance(stream, str) or not STREAM_NAME.match(stream):
             return await self.send_error(
@@ -72,8 +93,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(group_name(stream), self.channel_name)
             return await self.send_json({"type": "unsubscribed", "stream": stream})
         last_seq = content.get("last_seq", 0)
-        if isinstance(last_seq, bool) or not isinstance(last_seq, int) or last_seq < 0:
-            return await self.send_error(stream, "bad_request", "last_seq must be a non-negative integer.")
+        if isinstance(last_seq, bool) or not isinstance(last_seq, int) or not 0 <= last_seq <= MAX_SEQ:
+            return await self.send_error(
+                stream,
+                "bad_request",
+                f"last_seq must be an integer from 0 to {MAX_SEQ} (a seq you received).",
+            )
         await self.subscribe(stream, last_seq)
 
     async def subscribe(self, stream: str, last_seq: int):
@@ -90,6 +115,25 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.last_sent[stream] = last_seq
         await self.send_missed(stream, upto=None)
         await self.send_json({"type": "subscribed", "stream": stream, "last_seq": self.last_sent[stream]})
+
+    async def watch(self, feed, *, on: bool):
+        """Join (or leave) the feed groups of every team of the user."""
+        if feed not in FEEDS:
+            return await self.send_error(None, "bad_request", f"feed must be one of {sorted(FEEDS)}.")
+        team_ids = await database_sync_to_async(_team_ids)(self.scope["user"])
+        for team_id in team_ids:
+            group = feed_group(feed, team_id)
+            if on:
+                await self.channel_layer.group_add(group, self.channel_name)
+                self.feed_groups.add(group)
+            else:
+                await self.channel_layer.group_discard(group, self.channel_name)
+                self.feed_groups.discard(group)
+        await self.send_json({"type": "watching" if on else "unwatched", "feed": feed})
+
+    async def feed_notice(self, message):
+        """Group message of a team feed: ``{"type": "feed.notice", "feed": "jobs", "notice": {...}}``."""
+        await self.send_json({**message["notice"], "type": "notice", "feed": message["feed"]})
 
     async def send_missed(self, stream: str, upto: int | None):
         """Send events after ``last_sent[stream]`` (up to and excluding ``upto``) from Redis, filling any
@@ -125,5 +169,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 await self.send_missed(stream, upto=event["seq"])
             await self.forward(event)
 
+    async def live_hwm(self, message):
+        """The relay's periodic high-water mark of a recently active stream: when it is ahead of what this
+        client got (the channel layer dropped the tail of a burst, and no later event came to show the
+        gap), send what is missing from Redis / the database."""
+        stream, seq = message["stream"], message["seq"]
+        if stream in self.last_sent and seq > self.last_sent[stream]:
+            await self.send_missed(stream, upto=seq + 1)
+
     async def send_error(self, stream, code: str, message: str):
         await self.send_json({"type": "error", "stream": stream, "code": code, "message": message})
+
+
+def _team_ids(user) -> list[int]:
+    return list(teams_of(user).values_list("pk", flat=True))

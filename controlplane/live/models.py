@@ -33,3 +33,17 @@ class StreamEvent(models.Model):
             "step": self.step,
             "values": self.values,
         }
+
+
+class PendingEvent(models.Model):
+    """An event that could not be published when its transaction committed (Redis was away): kept here
+    and published by the relay once Redis answers, so a job's final ``succeeded`` is never lost."""
+
+    stream = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16)
+    step = models.BigIntegerField(null=True, blank=True)
+    values = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]

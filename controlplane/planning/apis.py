@@ -11,15 +11,37 @@ from rest_framework.views import APIView
 
 from controlplane.accounts.selectors import scoped
 from controlplane.clusters.models import Cluster
-from controlplane.common.api import TeamField, TeamOwnedSerializer, TeamScopedViewSet, only_team_of
-from controlplane.common.documents import DocumentSerializer
+from controlplane.common.api import (
+    ID_PATTERN,
+    QUEUE_FULL,
+    Pagination,
+    TeamField,
+    TeamOwnedSerializer,
+    TeamScopedViewSet,
+    error_response,
+    only_team_of,
+)
+from controlplane.common.documents import (
+    PLAN_SCHEMA,
+    ClusterDocumentField,
+    DocumentSerializer,
+    ModelDocumentField,
+    PlanDocumentField,
+    SearchRequestField,
+    StrategyDocumentField,
+    StrictFieldsMixin,
+    TrainingDocumentField,
+)
 from controlplane.planning import selectors, services
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import checked, evaluated, params_billion, plan_row_fields
+from workers import planner
 
 
 class ModelSpecSerializer(DocumentSerializer):
     """Reads and writes the ``model.json`` document."""
+
+    document = planner.ModelSpec
 
     class Meta(DocumentSerializer.Meta):
         model = StoredModelSpec
@@ -37,6 +59,7 @@ class ModelSpecViewSet(TeamScopedViewSet):
 class StrategySearchSerializer(TeamOwnedSerializer):
     stream = serializers.CharField(read_only=True)
     best_plan_id = serializers.SerializerMethodField()
+    request = SearchRequestField(read_only=True)
 
     class Meta:
         model = StrategySearch
@@ -67,16 +90,16 @@ class StrategySearchSerializer(TeamOwnedSerializer):
         return best.pk if best else None
 
 
-class SearchCreateSerializer(serializers.Serializer):
+class SearchCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     """Cluster and model by id (from the knowledge base) or as documents; training; fixed strategy fields."""
 
     team = TeamField()
     cluster = serializers.IntegerField(required=False, help_text="id of a stored cluster")
-    cluster_doc = serializers.JSONField(required=False, help_text="a cluster.json document instead")
+    cluster_doc = ClusterDocumentField(required=False, help_text="a cluster.json document instead")
     model = serializers.IntegerField(required=False, help_text="id of a stored model spec")
-    model_doc = serializers.JSONField(required=False, help_text="a model.json document instead")
-    training = serializers.JSONField(help_text="training.json")
-    strategy = serializers.JSONField(required=False, default=dict, help_text="fixed fields of strategy.json")
+    model_doc = ModelDocumentField(required=False, help_text="a model.json document instead")
+    training = TrainingDocumentField(help_text="training.json")
+    strategy = StrategyDocumentField(required=False, default=dict, help_text="fixed fields of strategy.json")
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
 
     def validate(self, attrs):
@@ -95,6 +118,15 @@ class SearchCreateSerializer(serializers.Serializer):
         return attrs
 
 
+class SavePlanSerializer(serializers.Serializer):
+    strategy = StrategyDocumentField(help_text="a complete strategy.json of the search's scenario")
+
+    def validate_strategy(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a strategy.json object")
+        return value
+
+
 class WhatIfSerializer(serializers.Serializer):
     lose_nodes = serializers.IntegerField(min_value=1)
 
@@ -102,6 +134,8 @@ class WhatIfSerializer(serializers.Serializer):
 class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     queryset = StrategySearch.objects.select_related("team")
     serializer_class = StrategySearchSerializer
+    pagination_class = Pagination
+    lookup_value_regex = ID_PATTERN
 
     def get_queryset(self):
         return selectors.searches_of(self.request.user)
@@ -143,6 +177,20 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         body["url"] = f"/planning/searches/{child.pk}/"
         return Response(body, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=SavePlanSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
+    @action(detail=True, methods=["post"], url_path="save-plan")
+    def save_plan(self, request, pk=None):
+        """Keep one strategy of this search's scenario (e.g. a point of the Pareto view) as a plan of the
+        search's team: 201 with the new plan, 200 with the stored one when the search already holds it."""
+        data = SavePlanSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        plan, created = services.plan_save_from_search(
+            search=self.get_object(), strategy=data.validated_data["strategy"]
+        )
+        body = {**PlanSerializer(plan).data, "url": f"/planning/plans/{plan.pk}/"}
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses={200: {"type": "array", "items": {"type": "object"}}})
     @action(detail=True, methods=["get"])
     def candidates(self, request, pk=None):
         """Compact feasible candidates (strategy, tokens/s, memory, communication share) for a scatter plot."""
@@ -162,8 +210,10 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
 class PlanSerializer(TeamOwnedSerializer):
     """A plan.json plus its provenance. Create = import a plan (with its model, cluster and training)."""
 
-    model = serializers.JSONField(source="model_doc", help_text="model.json")
-    cluster = serializers.JSONField(source="cluster_doc", help_text="cluster.json")
+    model = ModelDocumentField(source="model_doc", help_text="model.json")
+    cluster = ClusterDocumentField(source="cluster_doc", help_text="cluster.json")
+    training = TrainingDocumentField(required=False, help_text="training.json")
+    strategy = StrategyDocumentField(help_text="a complete strategy.json")
     predicted = serializers.JSONField(required=False)
 
     class Meta:
@@ -217,6 +267,13 @@ class PlanSerializer(TeamOwnedSerializer):
         return attrs
 
 
+class ScaleDownSerializer(serializers.Serializer):
+    steps = serializers.IntegerField(min_value=1, max_value=100_000, default=20)
+    name = serializers.CharField(
+        max_length=200, required=False, help_text='default "scaled-down from plan #N"'
+    )
+
+
 class PlanViewSet(
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
@@ -226,10 +283,49 @@ class PlanViewSet(
 ):
     queryset = StoredPlan.objects.select_related("team")
     serializer_class = PlanSerializer
+    pagination_class = Pagination
+    lookup_value_regex = ID_PATTERN
 
     def get_queryset(self):
         return selectors.plans_of(self.request.user, self.request.query_params)
 
+    @extend_schema(
+        methods=["GET"],
+        responses={
+            200: OpenApiTypes.OBJECT,
+            400: error_response(400, "This plan cannot be scaled down (the answer says why)."),
+        },
+    )
+    @extend_schema(
+        methods=["POST"], request=ScaleDownSerializer, responses={201: OpenApiTypes.OBJECT, 429: QUEUE_FULL}
+    )
+    @action(detail=True, methods=["get", "post"], url_path="scale-down")
+    def scale_down(self, request, pk=None):
+        """A version of this plan that runs on this machine: the same kinds of parallelism at degree 2 as
+        far as ``CANN_TRAIN_MAX_CPU_RANKS`` allows, a small model. GET: what would change (field, original,
+        scaled, why) and the scaled plan's prediction. POST: store it ("scaled-down from plan #N") and
+        launch it as a job on this machine's CPU ranks."""
+        plan = self.get_object()
+        if request.method == "GET":
+            return Response(selectors.scale_down_preview(services.plan_scaled_down(plan=plan), plan))
+        data = ScaleDownSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row, job, scaled = services.plan_scale_down_launch(
+            plan=plan,
+            user=request.user,
+            steps=data.validated_data["steps"],
+            name=data.validated_data.get("name"),
+        )
+        return Response(
+            {
+                **selectors.scale_down_preview(scaled, plan),
+                "plan": {**PlanSerializer(row).data, "url": f"/planning/plans/{row.pk}/"},
+                "job": {"id": job.pk, "name": job.name, "state": job.state, "url": f"/jobs/{job.pk}/"},
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+    @extend_schema(responses={200: PLAN_SCHEMA})
     @action(detail=True, methods=["get"], url_path="plan-json")
     def plan_json(self, request, pk=None):
         """Export as the plan.json contract document (``?format=yaml`` for YAML)."""
@@ -239,10 +335,10 @@ class PlanViewSet(
 class EvaluateSerializer(serializers.Serializer):
     """A scenario and a complete strategy; the documents are checked by the planner's own validators."""
 
-    model = serializers.JSONField(help_text="model.json")
-    cluster = serializers.JSONField(help_text="cluster.json")
-    training = serializers.JSONField(help_text="training.json")
-    strategy = serializers.JSONField(help_text="a complete strategy.json")
+    model = ModelDocumentField(help_text="model.json")
+    cluster = ClusterDocumentField(help_text="cluster.json")
+    training = TrainingDocumentField(help_text="training.json")
+    strategy = StrategyDocumentField(help_text="a complete strategy.json")
 
     def validate(self, attrs):
         scenario = {kind: checked(kind, attrs[kind], kind) for kind in ("model", "cluster", "training")}
@@ -250,7 +346,7 @@ class EvaluateSerializer(serializers.Serializer):
 
 
 class EvaluationSerializer(serializers.Serializer):
-    plan = serializers.JSONField(help_text="plan.json with its memory / step-time breakdown")
+    plan = PlanDocumentField(help_text="plan.json with its memory / step-time breakdown")
     visuals = serializers.JSONField(allow_null=True, help_text="schedule, placement, memory, step time")
 
 

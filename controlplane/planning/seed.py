@@ -1,5 +1,6 @@
 """Fill a team's knowledge base with the shipped examples: hardware profiles, clusters (incl. this
-machine's, from `cann-train calibrate`), models, and the published reference runs as measured plans."""
+machine's, from `cann-train calibrate`), models (among them ``tiny-gpt``, which trains here: a search of it on
+``this-machine-cpu`` gives a plan the job API launches), and the published reference runs as measured plans."""
 
 from __future__ import annotations
 
@@ -11,41 +12,14 @@ from controlplane.clusters.models import Cluster, HardwareProfile
 from controlplane.planning.models import StoredModelSpec, StoredPlan
 from controlplane.planning.planner_adapters import params_billion, plan_row_fields
 from workers import planner
-from workers.planner.examples import DATA, contract, reference_runs
-from workers.planner.hardware import calibration_dir, load_profiles
+from workers.planner.examples import DATA, contract, reference_runs, small_example, this_machine_cluster
+from workers.planner.hardware import load_profiles
 
 
 def local_cpu_cluster() -> tuple[dict, str]:
-    """This machine as a cluster: measured by `cann-train calibrate` when it ran, else the default
-    (unmeasured) cpu profile — the name says which."""
-    measured = calibration_dir() / "cluster-cpu.json"
-    if measured.exists():
-        return json.loads(measured.read_text()), f"measured by cann-train calibrate ({measured})"
-    cpu = load_profiles()["profiles"]["cpu"]
-    doc = {
-        "name": "local-cpu-uncalibrated",
-        "num_nodes": 1,
-        "devices_per_node": cpu["devices_per_node"],
-        "device": {
-            "name": "cpu",
-            "peak_tflops": cpu["peak_tflops"],
-            "memory_GiB": cpu["memory_GiB"],
-            "memory_bandwidth_GBps": cpu["memory_bandwidth_GBps"],
-            "tdp_watts": cpu["tdp_watts"],
-        },
-        "intra_node": {
-            "kind": "gloo-loopback",
-            "bandwidth_GBps": cpu["scale_up_GBps_per_direction"],
-            "latency_us": 50,
-        },
-        "inter_node": {
-            "kind": "gloo-tcp",
-            "bandwidth_GBps": cpu["scale_up_GBps_per_direction"],
-            "latency_us": 50,
-        },
-        "tiers": [],
-    }
-    return doc, "default cpu profile (not measured: run `cann-train calibrate`)"
+    """This machine as a cluster (``this-machine-cpu``: one node, two CPU ranks): measured by
+    `cann-train calibrate` when it ran, else the default (unmeasured) cpu profile — the origin says which."""
+    return this_machine_cluster()
 
 
 def _upsert(model, team, name: str, **fields):
@@ -70,7 +44,8 @@ def seed_knowledge_base(*, team) -> dict[str, int]:
     cpu_doc, _origin = local_cpu_cluster()
     _upsert(Cluster, team, cpu_doc["name"], spec=cpu_doc)
     counts["clusters"] += 1
-    for entry in examples["models"]:
+    small = small_example()["model"]
+    for entry in [*examples["models"], {"model": small}]:
         doc = entry.get("model") or contract(entry["contract"])
         _upsert(StoredModelSpec, team, doc["name"], spec=doc, params_billion=params_billion(doc))
         counts["models"] += 1

@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 
 from django.db.models import Q, QuerySet
+from rest_framework.exceptions import ValidationError
 
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
@@ -197,17 +198,84 @@ def search_page_data(search: StrategySearch) -> dict:
             "diff": "/planning/plans/diff/?a={a}&b={b}",
             "launch": "/api/jobs/",
             "cancel": f"/api/searches/{search.pk}/cancel/",
+            "save_plan": f"/api/searches/{search.pk}/save-plan/",
+            "job_page": "/jobs/{id}/",
         },
     }
 
 
+def runs_here(plan: StoredPlan) -> tuple[bool, str]:
+    """Whether the job API would run this plan on this machine's CPU ranks, and why not: its device count
+    against ``CANN_TRAIN_MAX_CPU_RANKS``, its model against this machine's memory (the job API's own check)."""
+    from controlplane.jobs.services import MAX_CPU_RANKS_PER_NODE, check_fits_this_machine
+
+    if plan.device_count > MAX_CPU_RANKS_PER_NODE:
+        return False, (
+            f"it needs {plan.device_count:,} devices; this machine runs at most {MAX_CPU_RANKS_PER_NODE} CPU "
+            "ranks per job (CANN_TRAIN_MAX_CPU_RANKS)"
+        )
+    try:
+        check_fits_this_machine({"model": plan.model_doc, "device": "cpu"}, max(1, plan.device_count))
+    except ValidationError as exc:
+        detail = exc.detail.get("model", exc.detail) if isinstance(exc.detail, dict) else exc.detail
+        return False, str(detail[0] if isinstance(detail, list) else detail)
+    return True, ""
+
+
+def scale_down_preview(scaled, original: StoredPlan) -> dict:
+    """What "launch a scaled-down version" would run, for a page or the API: the original and the scaled
+    layout, every change with its reason (``workers.planner.scale.Change``) and the scaled plan's prediction
+    on this machine."""
+    from workers.planner.visual import plan_breakdown
+
+    plan = scaled.plan.to_dict()
+    return {
+        "label": f"scaled-down from plan #{original.pk}",
+        "original": {
+            "id": original.pk,
+            "name": str(original),
+            "short_name": planner.strategy_short_name(original.strategy),
+            "strategy": original.strategy,
+            "devices": original.device_count,
+            "model": original.model_doc.get("name", ""),
+            "cluster": original.cluster_doc.get("name", ""),
+        },
+        "scaled": {
+            **plan,
+            "name": scaled.strategy.short_name(),
+            "devices": scaled.devices,
+            "model": scaled.model.to_dict(),
+            "training": scaled.training.to_dict(),
+            "cluster": scaled.cluster.to_dict(),
+            "params": scaled.model.parameter_count()["total"],
+            "breakdown": plan_breakdown(plan.get("predicted"), scaled.cluster.device.memory_GiB),
+        },
+        "kept": scaled.kept,
+        "dropped": scaled.dropped,
+        "changes": [c.to_dict() for c in scaled.changes],
+    }
+
+
 def plan_page_data(plan: StoredPlan) -> dict:
-    """What the plan page draws: the plan against its search's runner-up, and the jobs that ran it."""
+    """What the plan page draws: the plan against its search's runner-up, the jobs that ran it, and, for a
+    plan this machine cannot run, what its scaled-down version would change."""
+    from controlplane.planning.services import plan_scaled_down
+
     runner_up = None
     if plan.search_id:
         others = plan.search.plans.exclude(pk=plan.pk).filter(rank__isnull=False).order_by("rank")
         runner_up = others.first()
+    here, why_not = runs_here(plan)
+    scale_down = None
+    if not here:
+        try:
+            scale_down = scale_down_preview(plan_scaled_down(plan=plan), plan)
+        except ValidationError as exc:  # a document the planner no longer reads: say so, keep the page
+            scale_down = {"error": "; ".join(str(m) for m in exc.detail.get("plan", [exc.detail]))}
     return {
+        "runs_here": here,
+        "why_not_here": why_not,
+        "scale_down": scale_down,
         "plan": plan_document(plan),
         **_scenario(plan),
         "visuals": plan_visuals_or_none(_scenario(plan), plan.to_contract()) if plan.feasible else None,
@@ -221,13 +289,19 @@ def plan_page_data(plan: StoredPlan) -> dict:
             "evaluate": "/api/plans/evaluate/",
             "diff": "/planning/plans/diff/?a={a}&b={b}",
             "job_page": "/jobs/{id}/",
+            "scale_down": f"/api/plans/{plan.pk}/scale-down/",
         },
     }
 
 
 def plan_comm_comparisons(plan: StoredPlan) -> list:
-    """The finished communication-method comparisons of jobs launched from this plan."""
-    return [c for c in plan.comm_comparisons.order_by("-created_at") if c.result]
+    """The communication-method comparisons of jobs launched from this plan that measured something:
+    finished ones, and cancelled ones with the methods measured before the cancel."""
+    return [
+        c
+        for c in plan.comm_comparisons.order_by("-created_at")
+        if c.result and c.result.get("methods") and c.state in ("succeeded", "cancelled")
+    ]
 
 
 def plan_diff_data(a: StoredPlan, b: StoredPlan) -> dict:

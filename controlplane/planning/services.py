@@ -4,8 +4,10 @@ measurements real runs bring back."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
+from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -15,7 +17,7 @@ from controlplane.clusters.models import Cluster
 from controlplane.common.models import JobState
 from controlplane.live.services import publish, publish_after_commit
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
-from controlplane.planning.planner_adapters import checked, plan_row_fields
+from controlplane.planning.planner_adapters import checked, evaluated, plan_row_fields
 from controlplane.planning.selectors import plan_document, similar_plans
 from controlplane.planning.tasks import run_search
 from workers import planner
@@ -173,6 +175,41 @@ def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dic
     return best
 
 
+# a running search touches its row at least every few seconds (progress per chunk); one silent this long
+# lost its worker and runs again
+SEARCH_HEARTBEAT_TIMEOUT_S = float(os.environ.get("CANN_TRAIN_SEARCH_TIMEOUT_S", "60"))
+
+
+def requeue_stalled_searches(*, now=None) -> list[int]:
+    """Run again the searches whose worker died mid-search (the relay calls this every few seconds): the
+    request is kept, the search goes back to queued and a worker picks it up. A late finish of the lost
+    run (if it was only slow) is discarded, so plans are stored once."""
+    now = now or timezone.now()
+    stalled = StrategySearch.objects.filter(
+        state=JobState.RUNNING, updated_at__lt=now - timedelta(seconds=SEARCH_HEARTBEAT_TIMEOUT_S)
+    )
+    requeued = []
+    for search in stalled:
+        with transaction.atomic():
+            row = StrategySearch.objects.select_for_update().get(pk=search.pk)
+            if row.state != JobState.RUNNING or row.updated_at >= now - timedelta(
+                seconds=SEARCH_HEARTBEAT_TIMEOUT_S
+            ):
+                continue
+            row.state = JobState.QUEUED
+            row.progress = 0.0
+            row.save(update_fields=["state", "progress", "updated_at"])
+            publish_after_commit(
+                row.stream, "event", {"state": "queued", "message": "its worker was lost; running it again"}
+            )
+            transaction.on_commit(lambda pk=row.pk: run_search.apply_async((pk,), queue="planning"))
+        log.warning(
+            "search %s: no sign of life for %.0f s, queued again", search.pk, SEARCH_HEARTBEAT_TIMEOUT_S
+        )
+        requeued.append(search.pk)
+    return requeued
+
+
 def search_run(*, search_id: int) -> str:
     """Run a queued search (inside a Celery worker) and store its plans; never loses a failure."""
     search = StrategySearch.objects.get(pk=search_id)
@@ -216,7 +253,8 @@ def _search_run(search: StrategySearch) -> str:
         if fraction < 1.0 and now - last["t"] < PROGRESS_EVERY_S:
             return
         last["t"] = now
-        StrategySearch.objects.filter(pk=search.pk).update(progress=fraction)
+        # updated_at is the search's heartbeat: a running search that stops touching it lost its worker
+        StrategySearch.objects.filter(pk=search.pk).update(progress=fraction, updated_at=timezone.now())
         publish(
             search.stream,
             "progress",
@@ -242,6 +280,8 @@ def _search_run(search: StrategySearch) -> str:
         result = planner.search(model, cluster, training, **options)
     with transaction.atomic():
         search = StrategySearch.objects.select_for_update().get(pk=search.pk)
+        if search.state != JobState.RUNNING:  # requeued as stalled (another run stores the plans) or ended
+            return "superseded"
         search.stats = result.stats
         if cluster.num_nodes != req["cluster"]["num_nodes"]:
             req = search.request = {**req, "cluster": cluster.to_dict()}
@@ -291,3 +331,73 @@ def plan_record_measurement(*, plan: StoredPlan, measured: dict, source: str) ->
     plan.measured_source = source
     plan.save(update_fields=["measured", "measured_source", "updated_at"])
     return plan
+
+
+def plan_save_from_search(*, search: StrategySearch, strategy: dict) -> tuple[StoredPlan, bool]:
+    """Keep one strategy of a search's scenario as a plan of the search's team (a point of the Pareto view
+    the page costed, which the search did not store): costed again by the planner, linked to the search.
+    Returns ``(plan, created)``; a strategy the search already stored comes back as it is."""
+    model = checked("model", search.request["model"], "model")
+    cluster = checked("cluster", search.request["cluster"], "cluster")
+    training = checked("training", search.request["training"], "training")
+    plan = evaluated(model, cluster, training, strategy)
+    wanted = plan.strategy.to_dict()
+    for stored in search.plans.all():
+        if stored.strategy == wanted:
+            return stored, False
+    row = _plan_row(search, plan, rank=None, in_pareto=False, model_spec=model, cluster_spec=cluster)
+    row.save()
+    return row, True
+
+
+def _this_machine():
+    """This machine as a planner cluster, and how many ranks a job may use on it."""
+    from controlplane.jobs.services import MAX_CPU_RANKS_PER_NODE
+    from workers.planner.examples import this_machine_cluster
+
+    return planner.ClusterSpec.from_dict(this_machine_cluster()[0]), MAX_CPU_RANKS_PER_NODE
+
+
+def plan_scaled_down(*, plan: StoredPlan):
+    """The plan scaled down to this machine (``workers.planner.scale.scale_down``): same layout family,
+    at most ``CANN_TRAIN_MAX_CPU_RANKS`` ranks, a small model; costed on ``this-machine-cpu``."""
+    from workers.planner.scale import scale_down
+
+    target, max_ranks = _this_machine()
+    try:
+        model = planner.ModelSpec.from_dict(plan.model_doc)
+        training = planner.TrainingConfig.from_dict(plan.training)
+        return scale_down(plan.strategy, model, training, max_devices=max_ranks, target=target)
+    except planner.SpecError as exc:
+        raise ValidationError({"plan": [f"this plan cannot be scaled down: {exc}"]}) from exc
+
+
+def plan_scale_down_launch(*, plan: StoredPlan, user, steps: int, name: str | None = None):
+    """Store the scaled-down plan in the knowledge base (named "scaled-down from plan #N") and launch it as
+    a job on this machine's CPU ranks; the job's measured figures land beside the scaled plan's prediction,
+    never beside the original's. Returns ``(scaled plan row, job, ScaledDown)``; a job the job API refuses
+    (ranks, memory) is a 400 and stores nothing."""
+    from controlplane.jobs.services import job_submit
+
+    scaled = plan_scaled_down(plan=plan)
+    label = f"scaled-down from plan #{plan.pk}"
+    with transaction.atomic():
+        row = StoredPlan.objects.create(
+            team=plan.team,
+            name=label,
+            source=StoredPlan.Source.IMPORTED,
+            model_doc=scaled.model.to_dict(),
+            cluster_doc=scaled.cluster.to_dict(),
+            training=scaled.training.to_dict(),
+            **plan_row_fields(scaled.plan, scaled.model, scaled.cluster),
+        )
+        job = job_submit(
+            user=user,
+            team=plan.team,
+            name=name or label,
+            plan_id=row.pk,
+            steps=steps,
+            device="cpu",
+            profile_every=5,
+        )
+    return row, job, scaled

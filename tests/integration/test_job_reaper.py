@@ -24,8 +24,28 @@ def running_job(team, node: str, heartbeat_age_s: float):
         team=team, name=f"on {node}", state=JobState.RUNNING, attempts=2, heartbeat_at=beat, started_at=beat
     )
     JobNode.objects.create(job=job, attempt=1, node_rank=0, node_name="old-host", state=JobState.FAILED)
-    JobNode.objects.create(job=job, attempt=2, node_rank=0, node_name=node, state=JobState.RUNNING)
+    JobNode.objects.create(
+        job=job, attempt=2, node_rank=0, node_name=node, state=JobState.RUNNING, heartbeat_at=beat
+    )
     return job
+
+
+def test_a_job_waiting_for_a_worker_slot_is_queued_not_dead(make_member):
+    """Fan-out happened long ago, but no supervisor has picked the node task up yet (every worker slot is
+    busy): no heartbeat is expected, and the job must not be failed as dead."""
+    from controlplane.common.models import JobState
+    from controlplane.jobs.models import JobNode, TrainingJob
+    from controlplane.jobs.services import reap_orphans
+
+    team = make_member("carol", "Team C").teams.first()
+    long_ago = timezone.now() - timedelta(minutes=5)
+    waiting = TrainingJob.objects.create(
+        team=team, name="waits", state=JobState.LAUNCHING, attempts=1, heartbeat_at=long_ago
+    )
+    JobNode.objects.create(job=waiting, attempt=1, node_rank=0, state=JobState.QUEUED)
+    assert reap_orphans(stale_after=timedelta(seconds=4)) == []
+    waiting.refresh_from_db()
+    assert waiting.state == JobState.LAUNCHING
 
 
 def test_stopping_a_node_fails_only_the_jobs_it_supervised(make_member):
@@ -60,3 +80,23 @@ def test_the_reaper_fails_any_silent_job_whatever_its_node(make_member):
     silent = TrainingJob.objects.get(pk=silent.pk)
     assert silent.state == "failed" and "stopped answering" in silent.human_readable_error
     assert TrainingJob.objects.get(pk=alive.pk).state == "running"
+
+
+def test_a_comparison_whose_worker_died_is_failed_with_its_rows_kept(make_member):
+    from controlplane.common.models import JobState
+    from controlplane.jobs.comparisons import reap_stalled_comparisons
+    from controlplane.jobs.models import CommComparison, TrainingJob
+
+    team = make_member("dave", "Team D").teams.first()
+    job = TrainingJob.objects.create(team=team, name="j", config={})
+    rows = {"methods": {"dense": {"step_s": 1.0}}, "partial": True}
+    stalled = CommComparison.objects.create(
+        team=team, job=job, request={}, state=JobState.RUNNING, result=rows
+    )
+    alive = CommComparison.objects.create(team=team, job=job, request={}, state=JobState.RUNNING)
+    CommComparison.objects.filter(pk=stalled.pk).update(updated_at=timezone.now() - timedelta(minutes=5))
+    assert reap_stalled_comparisons() == [stalled.pk]
+    stalled.refresh_from_db()
+    alive.refresh_from_db()
+    assert stalled.state == JobState.FAILED and "Start the comparison again" in stalled.human_readable_error
+    assert stalled.result == rows and alive.state == JobState.RUNNING

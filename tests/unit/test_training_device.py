@@ -72,3 +72,16 @@ def test_prepare_environment_disables_backend_autoload(monkeypatch):
 def test_cuda_is_nccl_when_a_gpu_is_present():
     choice = select_device("cuda")
     assert choice.backend == "nccl" and choice.device_for_local_rank(0).type == "cuda"
+
+
+def test_a_node_without_the_requested_devices_says_so_before_starting_ranks():
+    import torch
+
+    from workers.training.device import devices_missing
+
+    assert devices_missing("cpu", 4) == ""
+    if not torch.cuda.is_available():
+        problem = devices_missing("cuda", 8)
+        assert problem.startswith("This node cannot run the job: cuda requested but unavailable")
+    else:
+        assert "device(s)" in devices_missing("cuda", torch.cuda.device_count() + 1)

@@ -70,7 +70,13 @@ def load_profiles() -> dict[str, Any]:
         return json.load(fh)
 
 
+CPU_DEFAULT_ORIGIN = "default (run `cann-train calibrate`)"
+UNCALIBRATED_NOTE = "uncalibrated: run `cann-train calibrate`"
+"""What a prediction from the shipped cpu default says beside its figures (they can be off many times over)."""
+
+
 def _cpu_profile() -> tuple[dict[str, Any], str]:
+    """The cpu profile and where it comes from: the calibration file's path, or ``CPU_DEFAULT_ORIGIN``."""
     path = calibration_dir() / "cpu.json"
     if path.is_file():
         try:
@@ -78,7 +84,7 @@ def _cpu_profile() -> tuple[dict[str, Any], str]:
                 return json.load(fh), str(path)
         except (OSError, ValueError):
             pass
-    return load_profiles()["profiles"]["cpu"], "default (run `cann-train calibrate`)"
+    return load_profiles()["profiles"]["cpu"], CPU_DEFAULT_ORIGIN
 
 
 def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:
@@ -97,6 +103,23 @@ def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:
         if any(n and (n in key or key in n) for n in names if n != "generic"):
             return name, profile
     return "generic", profiles["generic"]
+
+
+def profile_origin(device_name: str) -> dict[str, Any]:
+    """Where the efficiency constants of a device come from, to be stored beside a prediction:
+    ``{"name", "origin", "confidence"}``, plus ``"note"`` (``UNCALIBRATED_NOTE``) when the device is the
+    cpu and ``cann-train calibrate`` never ran here, so the prediction rests on the shipped placeholder."""
+    name, profile = find_profile(device_name)
+    if name != "cpu":
+        return {
+            "name": name,
+            "origin": f"data/{PROFILES_PATH.name}",
+            "confidence": profile.get("confidence", "published"),
+        }
+    _profile, origin = _cpu_profile()
+    if origin == CPU_DEFAULT_ORIGIN:
+        return {"name": name, "origin": origin, "confidence": "default", "note": UNCALIBRATED_NOTE}
+    return {"name": name, "origin": origin, "confidence": "measured"}
 
 
 def efficiency_for(device_name: str) -> tuple[str, Efficiency]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, CostModel, GiB, Layouts
-from .hardware import Efficiency, efficiency_for
+from .hardware import Efficiency, efficiency_for, profile_origin
 from .plan import NothingFits, Plan, SearchResult
 from .specs import ClusterSpec, ModelSpec, SpecError, Strategy, TrainingConfig
 
@@ -227,9 +227,13 @@ def _valid_mask(grid: Layouts, fixed: Strategy) -> np.ndarray:
 
 
 def _cost_model(model, cluster, training, order: str, eff: Efficiency | None) -> CostModel:
+    origin = None
     if eff is None:
         _name, eff = efficiency_for(cluster.device.name)
-    return CostModel(model, cluster, training, eff, order=order)
+        origin = profile_origin(cluster.device.name)
+    cm = CostModel(model, cluster, training, eff, order=order)
+    cm.efficiency_profile = origin  # where its constants come from: every plan's predicted carries it
+    return cm
 
 
 def _predicted(
@@ -265,6 +269,9 @@ def _predicted(
         "num_micro_batches": int(tm["micro"][i]),
         "memory_headroom_GiB": r((cm.memory_bytes - mem["total"][i]) / GiB, 2),
         "comm_volume_GB_per_device": r(tm["volume"][i] / 1e9, 3),
+        # the efficiency profile behind these figures (hardware.profile_origin); its "note" says when they
+        # rest on the shipped cpu placeholder (`cann-train calibrate` never ran)
+        **({"efficiency_profile": cm.efficiency_profile} if getattr(cm, "efficiency_profile", None) else {}),
     }
 
 
@@ -518,6 +525,39 @@ def baseline_tokens_per_device(
     return result
 
 
+def _dp_degrees_allowed(model: ModelSpec, cluster: ClusterSpec, fixed: Strategy) -> list[int]:
+    """The data-parallel degrees left once tp, cp and pp obey the model's shape (and the fixed fields)."""
+    n, out = cluster.num_devices, set()
+    for tp in _options(fixed.tp, divisors(n)):
+        if tp_rule(model, tp):
+            continue
+        for cp in _options(fixed.cp, divisors(n // tp)):
+            if cp_rule(model, cp):
+                continue
+            for pp in _options(fixed.pp, divisors(n // (tp * cp))):
+                dp = n // (tp * cp * pp)
+                if not pp_rule(model, pp) and fixed.dp in (None, dp):
+                    out.add(dp)
+    return sorted(out)
+
+
+def _batch_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, fixed: Strategy) -> str:
+    """When the global batch is what blocks every layout: the degrees the device count leaves to dp (none
+    of which divides the batch) and the nearest batches that would work; "" when the batch is not it."""
+    gbs = training.global_batch_size
+    dps = _dp_degrees_allowed(model, cluster, fixed)
+    if not dps or any(gbs % dp == 0 for dp in dps):
+        return ""
+    below = max((gbs // dp * dp for dp in dps if gbs // dp), default=0)
+    above = min(-(-gbs // dp) * dp for dp in dps)
+    shown = ", ".join(map(str, dps[:6])) + (", …" if len(dps) > 6 else "")
+    return (
+        f"global_batch_size {gbs} is not divisible by any data-parallel degree these {cluster.num_devices} "
+        f"devices leave (dp ∈ {{{shown}}} once tp, cp and pp fit the model) — use a global batch one of them "
+        f"divides, e.g. {' or '.join(str(b) for b in (below, above) if b)}"
+    )
+
+
 def _tightest(cm: CostModel, lowest: float | None, rejected: Counter, fixed: Strategy) -> str:
     """The message a user gets when nothing fits."""
     if lowest is not None:
@@ -527,6 +567,8 @@ def _tightest(cm: CostModel, lowest: float | None, rejected: Counter, fixed: Str
             f"needs ≥ {lowest / GiB:.1f} GiB per device at best; the device has "
             f"{cm.cluster.device.memory_GiB:g} GiB — {hint}"
         )
+    if batch := _batch_message(cm.model, cm.cluster, cm.training, fixed):
+        return batch
     if rejected:
         reason, n = rejected.most_common(1)[0]
         return f"no layout obeys the divisibility rules; most rejections: {reason} ({n})"

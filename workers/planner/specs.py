@@ -9,6 +9,7 @@ contract shape with the same field names.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,19 +42,110 @@ class SpecError(ValueError):
         return SpecError({f"{prefix}.{k}": v for k, v in self.errors.items()})
 
 
+# what each parser's document is called in an unknown-field message
+DOCUMENT_NAMES = {
+    "model": "model.json",
+    "moe": "model.json's moe",
+    "cluster": "cluster.json",
+    "device": "cluster.json's device",
+    "link": "a cluster.json link (intra_node, inter_node)",
+    "tier": "a cluster.json tier",
+    "training": "training.json",
+    "strategy": "strategy.json",
+}
+
+
+# Upper bounds of every numeric field: what the physical world has, with room to grow (each one 8-100x the
+# largest published value), so that a typo or a hostile 1e300 is an error naming the field instead of a
+# stored document that makes a page 150 MB or a search run for hours.
+MAXIMA: dict[str, float] = {
+    # model.json; largest published: 128 layers and hidden 25,600 (Megatron-LM 1T, Narayanan et al. 2021
+    # Table 1), 128 heads, FFN 4x hidden, vocabulary 256k (Gemma, Gemma Team 2024), context 10M tokens
+    # (Llama 4 Scout, Meta 2025), 256 routed experts of top-8 (DeepSeek-V3, 2024), 2,048 experts (Switch)
+    "num_layers": 4096,
+    "hidden_size": 262_144,
+    "num_attention_heads": 4096,
+    "num_kv_heads": 4096,
+    "ffn_hidden_size": 1_048_576,
+    "expert_ffn_hidden_size": 1_048_576,
+    "vocab_size": 16_777_216,
+    "seq_length": 134_217_728,
+    "num_experts": 65_536,
+    "top_k": 1024,
+    "num_shared_experts": 1024,
+    "first_dense_layers": 4096,
+    "layer_frequency": 4096,
+    "capacity_factor": 1024.0,
+    "load_imbalance": 1024.0,
+    # cluster.json; largest published: ~25k nodes (xAI Colossus, 200k GPUs), 16 accelerators per node
+    # (HGX-2), 288 GB HBM (B300), 1,800 GB/s NVLink 5, 20 PFLOP/s FP4 (B200), 1,200 W TDP (B300)
+    "num_nodes": 1_048_576,
+    "devices_per_node": 1024,
+    "nodes": 1_048_576,
+    "memory_GiB": 65_536.0,
+    "memory_bandwidth_GBps": 1_000_000.0,
+    "peak_tflops": 10_000_000.0,
+    "tdp_watts": 100_000.0,
+    "bandwidth_GBps": 1_000_000.0,
+    "latency_us": 10_000_000.0,
+    "oversubscription": 1024.0,
+    # training.json / strategy.json: 1.2 B sequences in one step is 1000x any published global batch
+    "global_batch_size": 1 << 30,
+    "micro_batch_size": 1 << 20,
+    "tp": 1 << 20,
+    "pp": 1 << 20,
+    "dp": 1 << 20,
+    "ep": 1 << 20,
+    "cp": 1 << 20,
+    "vpp": 1 << 20,
+}
+MAX_NAME_CHARS = 200
+# characters a name may not hold: control characters (NUL, newlines, ...) and bidirectional overrides that
+# make a name display as something else (U+202A-U+202E, U+2066-U+2069, "Trojan Source", CVE-2021-42574)
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
+
+
+def name_problem(value: str) -> str:
+    """Why ``value`` cannot be a name ("" when it can)."""
+    import unicodedata
+
+    if len(value) > MAX_NAME_CHARS:
+        return f"must be at most {MAX_NAME_CHARS} characters, got {len(value)}"
+    bad = sorted({c for c in value if unicodedata.category(c) == "Cc" or c in _BIDI_CONTROLS})
+    if bad:
+        return (
+            "must not contain control or bidirectional-override characters ("
+            + ", ".join(f"U+{ord(c):04X}" for c in bad)
+            + ")"
+        )
+    return ""
+
+
 class _Checker:
-    """Collects every problem in one document so that one error names all of them."""
+    """Collects every problem in one document so that one error names all of them.
+
+    It remembers the fields a parser reads (every accessor, plus :meth:`get` for a value read as is);
+    :meth:`done` rejects the keys no one read, so a typo (``tpp``, ``num_layer``) is an error naming the
+    key instead of a field silently left at its default."""
 
     def __init__(self, data: Any, doc: str):
         if not isinstance(data, dict):
             raise SpecError(doc, f"must be a JSON object, got {type(data).__name__}")
         self.data = data
+        self.doc = doc
+        self.read: dict[str, None] = {}  # in reading order: the "known" list of the error message
         self.errors: dict[str, list[str]] = {}
 
     def fail(self, name: str, message: str) -> None:
         self.errors.setdefault(name, []).append(message)
 
+    def get(self, name: str, default: Any = None) -> Any:
+        """``data.get(name, default)``, for a value the parser checks itself."""
+        self.read[name] = None
+        return self.data.get(name, default)
+
     def raw(self, name: str, default: Any = dataclasses.MISSING) -> Any:
+        self.read[name] = None
         if name not in self.data or self.data[name] is None:
             if default is dataclasses.MISSING:
                 self.fail(name, "is required")
@@ -70,6 +162,9 @@ class _Checker:
         if value < minimum:
             self.fail(name, f"must be >= {minimum}, got {value}")
             return None
+        if value > (top := MAXIMA.get(name, 1 << 62)):
+            self.fail(name, f"must be <= {top:,.0f} (more than any real system has), got {value:.4g}")
+            return None
         return int(value)
 
     def number(
@@ -81,8 +176,14 @@ class _Checker:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.fail(name, f"must be a number, got {value!r}")
             return None
+        if not math.isfinite(value):
+            self.fail(name, f"must be a finite number, got {value!r}")
+            return None
         if (value <= minimum) if strict else (value < minimum):
             self.fail(name, f"must be {'>' if strict else '>='} {minimum}, got {value}")
+            return None
+        if value > (top := MAXIMA.get(name, 1e15)):
+            self.fail(name, f"must be <= {top:,.0f} (more than any real system has), got {value:.4g}")
             return None
         return float(value)
 
@@ -100,7 +201,12 @@ class _Checker:
         if value is None:
             return None
         if not isinstance(value, str) or not value:
-            self.fail(name, f"must be a non-empty string, got {value!r}")
+            self.fail(
+                name, f"must be a non-empty string, got {value[:80] if isinstance(value, str) else value!r}"
+            )
+            return None
+        if problem := name_problem(value):
+            self.fail(name, problem)
             return None
         return value
 
@@ -117,6 +223,12 @@ class _Checker:
             return None
 
     def done(self) -> None:
+        known = ", ".join(self.read)
+        for key in self.data:
+            if key not in self.read:
+                self.fail(
+                    str(key), f"is not a field of {DOCUMENT_NAMES.get(self.doc, self.doc)} (known: {known})"
+                )
         if self.errors:
             raise SpecError(self.errors)
 
@@ -218,15 +330,13 @@ class ModelSpec:
             num_layers=c.integer("num_layers"),
             hidden_size=c.integer("hidden_size"),
             num_attention_heads=c.integer("num_attention_heads"),
-            num_kv_heads=c.integer(
-                "num_kv_heads", default=d.get("num_attention_heads") if isinstance(d, dict) else None
-            ),
+            num_kv_heads=c.integer("num_kv_heads", default=c.get("num_attention_heads")),
             ffn_hidden_size=c.integer("ffn_hidden_size"),
             vocab_size=c.integer("vocab_size"),
             seq_length=c.integer("seq_length"),
             activation=c.choice("activation", ACTIVATIONS, default="gelu"),
             moe=c.nested("moe", MoESpec.from_dict, default=None),
-            tied_embeddings=bool(d.get("tied_embeddings", False)),
+            tied_embeddings=bool(c.get("tied_embeddings", False)),
         )
         h, a, kv = spec["hidden_size"], spec["num_attention_heads"], spec["num_kv_heads"]
         if h and a and h % a:
@@ -325,9 +435,10 @@ class DeviceSpec:
                 c.fail("peak_tflops", "must be an object {dtype: TFLOP/s}")
                 peak = None
             else:
+                top = MAXIMA["peak_tflops"]
                 for k, v in peak.items():
-                    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                        c.fail(f"peak_tflops.{k}", f"must be a number > 0, got {v!r}")
+                    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= top:
+                        c.fail(f"peak_tflops.{k}", f"must be a number > 0 and <= {top:,.0f}, got {v!r}")
                 peak = {k: float(v) for k, v in peak.items() if isinstance(v, int | float)}
         spec = dict(
             name=c.text("name"),
@@ -482,7 +593,7 @@ class TrainingConfig:
         c = _Checker(d, "training")
         flags = {}
         for name in ("flash_attention", "overlap_grad_reduce"):
-            value = d.get(name, False) if isinstance(d, dict) else False
+            value = c.get(name, False)
             if not isinstance(value, bool):
                 c.fail(name, f"must be true or false, got {value!r}")
             flags[name] = bool(value)
@@ -572,9 +683,6 @@ class Strategy:
     def from_dict(cls, d: dict[str, Any] | None, *, partial: bool = True) -> Strategy:
         d = d or {}
         c = _Checker(d, "strategy")
-        unknown = sorted(set(d) - set(STRATEGY_FIELDS) - {"order"})
-        for k in unknown:
-            c.fail(k, f"is not a strategy field (known: {', '.join(STRATEGY_FIELDS)})")
         opt = None if partial else dataclasses.MISSING
         spec: dict[str, Any] = {}
         for name in ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch_size"):
@@ -584,14 +692,14 @@ class Strategy:
             c.fail("zero_stage", f"must be 0, 1, 2 or 3, got {spec['zero_stage']}")
             spec["zero_stage"] = None
         spec["recompute"] = c.choice("recompute", RECOMPUTE_MODES, default=opt)
-        sp = d.get("sequence_parallel")
+        sp = c.get("sequence_parallel")
         if sp is not None and not isinstance(sp, bool):
             c.fail("sequence_parallel", f"must be true, false or null, got {sp!r}")
             sp = None
         elif sp is None and not partial:
             c.fail("sequence_parallel", "is required")
         spec["sequence_parallel"] = sp
-        order = d.get("order") or "tp-cp-ep-dp-pp"
+        order = c.get("order") or "tp-cp-ep-dp-pp"
         parts = order.split("-") if isinstance(order, str) else []
         if sorted(parts) != sorted(["tp", "cp", "ep", "dp", "pp"]):
             c.fail("order", f"must be a permutation of tp-cp-ep-dp-pp, got {order!r}")
@@ -672,6 +780,102 @@ def load_inputs(model: dict, cluster: dict, training: dict) -> tuple[ModelSpec, 
     return out[0], out[1], out[2]
 
 
+# fields whose value is one of a fixed set, wherever they appear
+FIELD_CHOICES = {
+    "activation": ACTIVATIONS,
+    "dtype": DTYPES,
+    "optimizer": OPTIMIZERS,
+    "recompute": RECOMPUTE_MODES,
+}
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def document_schema(cls: type) -> dict[str, Any]:
+    """The JSON schema (OpenAPI 3.0 dialect) of the document a dataclass is read from: a property per field,
+    typed from its annotation and described by the docstring under it. With a ``from_dict`` parser, the
+    required fields are the ones it reports as missing from an empty document and no other key is allowed
+    (the parser rejects it); without one (``plan.json``), the fields without a default are required.
+
+    ``document_schema(ModelSpec)`` describes ``model.json``; the API's OpenAPI schema is built from it."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    properties: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        prop = _type_schema(hints[f.name])
+        if f.name in FIELD_CHOICES:
+            prop["enum"] = [*FIELD_CHOICES[f.name], *([None] if prop.get("nullable") else [])]
+        if f.name in docs:
+            prop["description"] = docs[f.name]
+        properties[f.name] = prop
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if (cls.__doc__ or "").strip():
+        schema["description"] = " ".join(cls.__doc__.split("\n\n")[0].split())
+    if hasattr(cls, "from_dict"):
+        try:
+            cls.from_dict({})
+            required = []
+        except SpecError as exc:
+            required = [k for k, msgs in exc.errors.items() if "is required" in msgs]
+        schema["additionalProperties"] = False
+    else:
+        missing = (dataclasses.MISSING,)
+        required = [
+            f.name for f in dataclasses.fields(cls) if f.default in missing and f.default_factory in missing
+        ]
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _type_schema(annotation) -> dict[str, Any]:
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in args if a is not type(None)]
+        return {**(_type_schema(inner[0]) if len(inner) == 1 else {}), "nullable": True}
+    if dataclasses.is_dataclass(annotation):
+        return document_schema(annotation)
+    if origin in (list, tuple):
+        return {"type": "array", "items": _type_schema(args[0]) if args else {}}
+    if origin is dict or annotation is dict:
+        values = _type_schema(args[1]) if len(args) == 2 and args[1] is not Any else {}
+        return {"type": "object", "additionalProperties": values or True}
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    return {}
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass and of its dataclass bases, read from the source (Python
+    keeps no attribute docstrings at run time); none when the source is not there."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, AttributeError):
+            continue
+        for stmt, following in zip(body, body[1:], strict=False):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
 __all__ = [
     "ACTIVATIONS",
     "DTYPES",
@@ -681,6 +885,7 @@ __all__ = [
     "RECOMPUTE_MODES",
     "RECOMPUTE_SHORT",
     "STRATEGY_FIELDS",
+    "FIELD_CHOICES",
     "ClusterSpec",
     "DeviceSpec",
     "LinkSpec",
@@ -690,6 +895,7 @@ __all__ = [
     "Strategy",
     "TierSpec",
     "TrainingConfig",
+    "document_schema",
     "load_inputs",
     "strategy_short_name",
 ]

@@ -138,3 +138,30 @@ def max_memory_GiB(kind: str) -> float:
     import torch
 
     return getattr(torch, kind).max_memory_reserved() / 2**30
+
+
+def devices_missing(requested: str | None, ranks_per_node: int) -> str:
+    """Why this node cannot run ``ranks_per_node`` ranks on ``requested`` (empty when it can): the
+    device kind is unavailable, or the node has fewer devices than ranks. Checked by a node's supervisor
+    before it starts any rank, so a job never spawns 8 ranks on a machine without a GPU."""
+    try:
+        choice = select_device(requested)
+    except DeviceUnavailable as exc:
+        return f"This node cannot run the job: {exc}."
+    if choice.kind != "cpu" and choice.count < ranks_per_node:
+        return (
+            f"This node has {choice.count} {choice.kind} device(s) ({choice.name}) but the job needs "
+            f"{ranks_per_node} per node. Use more nodes, or a strategy with fewer ranks."
+        )
+    return ""
+
+
+def device_memory_GiB(kind: str) -> float | None:
+    """Memory of one device of ``kind`` on this node (GiB); None for cpu (the node's memory is shared)."""
+    if kind == "cpu":
+        return None
+    import torch
+
+    if kind == "npu":
+        importlib.import_module("torch_npu")
+    return getattr(torch, kind).get_device_properties(0).total_memory / 2**30

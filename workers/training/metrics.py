@@ -35,6 +35,9 @@ COMM_MARKERS = (
 )
 
 
+_NOTHING = object()  # "no new item within the retry back-off" (None means: close)
+
+
 class EventPublisher:
     """Publishes events from a background thread (batched with ``publish_many``) so that a slow Redis
     never stalls a step. ``submit`` is an O(1) enqueue; ``submit_seconds`` accumulates what it cost the
@@ -52,6 +55,8 @@ class EventPublisher:
         self.submit_seconds = 0.0
         self.published = 0
         self.errors = 0
+        self.dropped = 0
+        self._close_deadline = float("inf")
         self._thread.start()
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
@@ -59,30 +64,63 @@ class EventPublisher:
         self._queue.put((kind, step, values))
         self.submit_seconds += time.perf_counter() - t0
 
+    # events kept while Redis is unreachable (a restart takes seconds; a step publishes one or two events);
+    # beyond this the oldest are dropped and counted
+    MAX_PENDING = 100_000
+    RETRY_MAX_S = 5.0
+
     def _run(self) -> None:
+        pending: list = []
+        closing = False
+        backoff = 0.2
         while True:
-            item = self._queue.get()
-            batch = []
+            item = self._queue.get() if not pending else self._get_within(backoff)
             while item is not None:
-                batch.append(item)
+                if item is not _NOTHING:
+                    pending.append(item)
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            if batch:
+            closing = closing or item is None
+            if pending:
                 try:
-                    self._writer.publish_many(self.stream, batch)
-                    self.published += len(batch)
-                except Exception as exc:  # Redis down: training goes on, the figures are lost
+                    self._writer.publish_many(self.stream, pending)
+                    self.published += len(pending)
+                    pending, backoff = [], 0.2
+                except Exception as exc:  # Redis down: training goes on, the events wait here and are retried
                     self.errors += 1
                     if self.errors == 1:
-                        print(f"cann-train: publishing to {self.stream} failed: {exc}", file=sys.stderr)
-            if item is None:
+                        print(
+                            f"cann-train: publishing to {self.stream} failed ({exc}); retrying",
+                            file=sys.stderr,
+                        )
+                    if len(pending) > self.MAX_PENDING:
+                        self.dropped += len(pending) - self.MAX_PENDING
+                        pending = pending[-self.MAX_PENDING :]
+                    backoff = min(backoff * 2, self.RETRY_MAX_S)
+                    if closing and time.monotonic() > self._close_deadline:
+                        self.dropped += len(pending)
+                        print(
+                            f"cann-train: {len(pending)} event(s) for {self.stream} not published: Redis "
+                            "did not come back before the run ended",
+                            file=sys.stderr,
+                        )
+                        return
+            if closing and not pending:
                 return
 
+    def _get_within(self, seconds: float):
+        try:
+            return self._queue.get(timeout=seconds)
+        except queue.Empty:
+            return _NOTHING
+
     def close(self, timeout: float = 10.0) -> None:
+        """Flush what is queued (retrying while Redis is away, for at most ``timeout`` seconds)."""
+        self._close_deadline = time.monotonic() + timeout
         self._queue.put(None)
-        self._thread.join(timeout)
+        self._thread.join(timeout + 1.0)
 
 
 class NullPublisher:
@@ -91,6 +129,7 @@ class NullPublisher:
     submit_seconds = 0.0
     published = 0
     errors = 0
+    dropped = 0
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         pass

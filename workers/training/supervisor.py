@@ -10,7 +10,9 @@ answers whether a cancel was asked for).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,8 +26,15 @@ POLL_EVERY_S = 0.25
 KILL_GRACE_S = 10.0
 RDZV_WAIT_S = 120.0
 LOG_TAIL_CHARS = 6000
+OUTPUT_EVERY_S = 1.0
+"""``on_output`` gets the new log lines at most this often (a batch per call)."""
+OUTPUT_MAX_LINES = 200
+"""At most this many lines per batch; more in one interval are cut to the newest, with a line saying so."""
+OUTPUT_MAX_LINE_CHARS = 1000
+OUTPUT_MAX_READ_BYTES = 1 << 20
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+log = logging.getLogger(__name__)
 
 
 def node_name() -> str:
@@ -76,9 +85,126 @@ def read_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
         return f.read().decode(errors="replace")
 
 
-def rendezvous_endpoint(redis, key: str, node_rank: int, *, address: str, wait_s: float = RDZV_WAIT_S) -> str:
+# Lines of a node's log that tell its reader nothing: torchrun's OMP_NUM_THREADS banner, the profiler's
+# start/stop markers (a pair per rank and profiled step), library deprecation warnings (with the source line
+# Python prints under each), and torchrun's own chatter when it is stopped (a cancel, a timeout).
+_BANNER = re.compile(r"^\*{20,}\s*$|^Setting OMP_NUM_THREADS environment variable for each process")
+_PROFILER = re.compile(r"\bprofiler_(start|stop)\b|ActivityProfiler|^STAGE:\d{4}-")
+_DEPRECATION = re.compile(r":\d+: (FutureWarning|DeprecationWarning|PendingDeprecationWarning): ")
+_SHUTDOWN = re.compile(r"Received \d+ death signal|closing signal SIG[A-Z]+")
+_STOPPED = re.compile(r"\bSignalException\b")
+_TRACEBACK_MAX_LINES = 400
+
+
+class LogFilter:
+    """Drops the noise lines of a node's log (lines in, kept lines out), fed in pieces as the file grows.
+
+    Stateful: the indented source line under a dropped warning goes with it, and a traceback is held back
+    until its last line says what it is: torchrun's reaction to being stopped (``SignalException``, a
+    cancel or a timeout: dropped, the job's state says why it ended) or a real error (kept whole). Lines
+    keep their line ends, if any."""
+
+    def __init__(self):
+        self._kept_any = False
+        self._after_warning = False
+        self._traceback: list[str] | None = None
+
+    def feed(self, lines: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        for line in lines:
+            out.extend(self._one(line))
+        return out
+
+    def flush(self) -> list[str]:
+        """What is held back (a traceback that has not ended yet)."""
+        held, self._traceback = self._traceback or [], None
+        return held
+
+    def _one(self, line: str) -> list[str]:
+        text = line.rstrip("\r\n")
+        if self._traceback is not None:
+            self._traceback.append(line)
+            if text and not text[0].isspace():  # the exception line closes the block
+                block, self._traceback = self._traceback, None
+                return [] if _STOPPED.search(text) else self._keep(block)
+            if len(self._traceback) > _TRACEBACK_MAX_LINES:
+                return self._keep(self.flush())
+            return []
+        after_warning, self._after_warning = self._after_warning, False
+        if after_warning and text.startswith("  "):
+            return []
+        if text.startswith("Traceback (most recent call last)"):
+            self._traceback = [line]
+            return []
+        if _DEPRECATION.search(text):
+            self._after_warning = True
+            return []
+        if _BANNER.search(text) or _PROFILER.search(text) or _SHUTDOWN.search(text) or _STOPPED.search(text):
+            return []
+        if not text.strip() and not self._kept_any:  # the blank lines around torchrun's banner
+            return []
+        return self._keep([line])
+
+    def _keep(self, lines: list[str]) -> list[str]:
+        self._kept_any = self._kept_any or bool(lines)
+        return lines
+
+
+def filtered_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    """The last ``chars`` characters of a log, its noise left out (``LogFilter``)."""
+    lines = read_tail(path, 8 * chars).splitlines(keepends=True)
+    noise = LogFilter()
+    return "".join(noise.feed(lines) + noise.flush())[-chars:]
+
+
+class LogFollower:
+    """What a growing log file gained since the last call, as whole lines (no line ends), noise left out."""
+
+    def __init__(self, path: Path, offset: int = 0):
+        self.path, self.offset = path, offset
+        self._partial = b""
+        self._filter = LogFilter()
+
+    def read_new(self, *, final: bool = False) -> list[str]:
+        """The new complete lines; ``final``: the last, unterminated one and any held-back lines too."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read(OUTPUT_MAX_READ_BYTES)
+        except OSError:
+            data = b""
+        self.offset += len(data)
+        pieces = (self._partial + data).split(b"\n")
+        self._partial = pieces.pop()
+        if final and self._partial:
+            pieces.append(self._partial)
+            self._partial = b""
+        lines = [p.decode(errors="replace").rstrip("\r")[:OUTPUT_MAX_LINE_CHARS] for p in pieces]
+        kept = self._filter.feed(lines)
+        return kept + self._filter.flush() if final else kept
+
+
+def _batch(lines: list[str]) -> list[str]:
+    """At most ``OUTPUT_MAX_LINES`` of the newest lines, the first saying how many were left out."""
+    if len(lines) <= OUTPUT_MAX_LINES:
+        return lines
+    newest = lines[len(lines) - OUTPUT_MAX_LINES + 1 :]
+    left_out = len(lines) - len(newest)
+    return [f"… {left_out:,} lines left out here (the node's log file has them)", *newest]
+
+
+def rendezvous_endpoint(
+    redis,
+    key: str,
+    node_rank: int,
+    *,
+    address: str,
+    wait_s: float = RDZV_WAIT_S,
+    on_wait: Callable[[], object] = lambda: None,
+) -> str:
     """Node 0 picks a free port on its address and announces ``host:port`` under ``key`` in Redis; the
-    other nodes wait for it (``TimeoutError`` after ``wait_s``)."""
+    other nodes wait for it (``TimeoutError`` after ``wait_s``), calling ``on_wait()`` every
+    ``HEARTBEAT_EVERY_S`` meanwhile (a waiting node is alive)."""
     if node_rank == 0:
         from workers.training.launch import free_port
 
@@ -86,9 +212,13 @@ def rendezvous_endpoint(redis, key: str, node_rank: int, *, address: str, wait_s
         redis.set(key, endpoint, ex=24 * 3600)
         return endpoint
     deadline = time.monotonic() + wait_s
+    last_beat = time.monotonic()
     while time.monotonic() < deadline:
         if value := redis.get(key):
             return value.decode()
+        if time.monotonic() - last_beat >= HEARTBEAT_EVERY_S:
+            last_beat = time.monotonic()
+            on_wait()
         time.sleep(0.2)
     raise TimeoutError(f"node 0 did not announce its rendezvous endpoint ({key}) within {wait_s:.0f}s")
 
@@ -109,18 +239,33 @@ def supervise(
     env: dict[str, str] | None = None,
     on_start: Callable[[int], None] = lambda pid: None,
     on_heartbeat: Callable[[], bool] = lambda: False,
+    on_output: Callable[[list[str]], None] | None = None,
     heartbeat_every_s: float = HEARTBEAT_EVERY_S,
     poll_every_s: float = POLL_EVERY_S,
+    output_every_s: float = OUTPUT_EVERY_S,
     timeout_s: float | None = None,
 ) -> Outcome:
     """Run ``cmd`` in its own session with stdout+stderr appended to ``log_path`` until it exits.
 
     ``on_start(pid)`` is called once it runs; ``on_heartbeat()`` every ``heartbeat_every_s`` while it
     runs, and returning True stops the group (a cancel). After ``timeout_s`` the group is stopped too.
-    Any exception (Ctrl-C included) stops the group before it propagates. Returns the exit code, whether
-    it was cancelled or timed out, and the log's tail.
+    ``on_output(lines)`` follows the log: the lines written since its last call, noise left out
+    (``LogFilter``), at most every ``output_every_s`` and ``OUTPUT_MAX_LINES`` at a time, and once more
+    with the last lines when the process has ended; an exception it raises is logged, never stops the run.
+    Any other exception (Ctrl-C included) stops the group before it propagates. Returns the exit code,
+    whether it was cancelled or timed out, and the log's tail (noise left out too).
     """
+
+    def emit(lines: list[str]) -> None:
+        if not lines or on_output is None:
+            return
+        try:
+            on_output(_batch(lines))
+        except Exception:  # a publishing failure must not stop the training it reports on
+            log.warning("on_output failed; %d log line(s) not passed on", len(lines), exc_info=True)
+
     with log_path.open("ab") as out:
+        follower = LogFollower(log_path, offset=out.tell())
         proc = subprocess.Popen(
             list(cmd),
             cwd=cwd,
@@ -134,8 +279,11 @@ def supervise(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         on_start(proc.pid)
-        last_beat = 0.0
+        last_beat = last_output = 0.0
         while proc.poll() is None:
+            if on_output is not None and time.monotonic() - last_output >= output_every_s:
+                last_output = time.monotonic()
+                emit(follower.read_new())
             if deadline is not None and time.monotonic() > deadline:
                 timed_out = True
                 stop_group(proc)
@@ -151,6 +299,8 @@ def supervise(
         stop_group(proc)  # the supervisor itself failed: leave no unsupervised ranks behind
         raise
     exit_code = proc.wait()
+    if on_output is not None:
+        emit(follower.read_new(final=True))
     return Outcome(
-        exit_code=exit_code, cancelled=cancelled, log_tail=read_tail(log_path), timed_out=timed_out
+        exit_code=exit_code, cancelled=cancelled, log_tail=filtered_tail(log_path), timed_out=timed_out
     )

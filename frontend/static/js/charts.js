@@ -2,7 +2,14 @@
 // Plotly config). Plotly is the global that /static/plotly/plotly.min.js defines (served locally, never
 // a CDN). Number formats for axes and labels are common.js's.
 
-export const PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+// Every chart's modebar carries "Download data as CSV" and "Download plot as PNG" (exportButtons below,
+// in place of Plotly's own PNG button, which names every file "newplot").
+export const PLOT_CONFIG = {
+  responsive: true,
+  displaylogo: false,
+  modeBarButtonsToRemove: ["lasso2d", "select2d", "toImage"],
+  modeBarButtonsToAdd: exportButtons(),
+};
 
 export const COLORS = ["#c7000b", "#1f6feb", "#1a7f37", "#9a6700", "#8250df", "#57606a"];
 
@@ -87,4 +94,89 @@ export class TraceAppender {
     Plotly.extendTraces(this.div, update, indices);
     this.onFlush();
   }
+}
+
+// ------------------------------------------------------------------------------------------- export
+
+// The data arrays a trace may carry, in the order they become CSV columns (bar charts of a schedule
+// carry `base`, a heatmap `z`, a pie `labels` and `values`).
+const DATA_KEYS = ["x", "y", "z", "base", "labels", "values"];
+const isArrayLike = (a) => Array.isArray(a) || ArrayBuffer.isView(a);
+
+// A chart's traces as a table: columns ["trace", ...the data keys any trace has], one row per point (a
+// heatmap: one per cell, with its x and y). Legend-hidden traces are included.
+export function chartTable(gd) {
+  const traces = gd.data || [];
+  const keys = DATA_KEYS.filter((k) => traces.some((t) => isArrayLike(t[k])));
+  const rows = [];
+  traces.forEach((t, i) => {
+    const name = t.name || `trace ${i + 1}`;
+    if (isArrayLike(t.z) && t.z.length && isArrayLike(t.z[0])) {  // 2-D: a heatmap
+      t.z.forEach((zRow, r) => Array.from(zRow).forEach((z, c) => {
+        rows.push([name, ...keys.map((k) => (k === "x" ? t.x?.[c] ?? c : k === "y" ? t.y?.[r] ?? r : k === "z" ? z : ""))]);
+      }));
+      return;
+    }
+    const n = Math.max(0, ...keys.map((k) => (isArrayLike(t[k]) ? t[k].length : 0)));
+    for (let j = 0; j < n; j += 1) {
+      const values = keys.map((k) => (isArrayLike(t[k]) ? t[k][j] : null));
+      if (values.every((v) => v == null)) continue;  // a gap the chart draws between segments, not a point
+      rows.push([name, ...values]);
+    }
+  });
+  return { columns: ["trace", ...keys], rows };
+}
+
+// One CSV cell: numbers as they are, text quoted when it must be, and a leading = + - @ in text defused
+// (a job name like "=HYPERLINK(...)" must not run as a formula in a spreadsheet).
+function csvCell(v) {
+  if (v == null || (typeof v === "number" && !Number.isFinite(v))) return "";
+  if (typeof v === "number" || typeof v === "boolean") return String(v);
+  let s = String(v);
+  if (/^[=+\-@]/.test(s)) s = `'${s}`;
+  return /[",\r\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+export function chartCSV(gd) {
+  const { columns, rows } = chartTable(gd);
+  return [columns, ...rows].map((r) => r.map(csvCell).join(",")).join("\r\n") + "\r\n";
+}
+
+// "jobs-42-throughput": the page's path and the heading of the card the chart sits in.
+export function chartFileName(gd) {
+  const slug = (s) => String(s || "").toLowerCase().replace(/[^a-z0-9]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 60);
+  const card = gd.closest("section, .card, .view");
+  const heading = card && card.querySelector("h1, h2, h3");
+  const title = heading ? (heading.firstChild && heading.firstChild.nodeType === Node.TEXT_NODE
+    ? heading.firstChild.textContent : heading.textContent) : "";
+  return [slug(location.pathname), slug(title) || slug(gd.id) || "chart"].filter(Boolean).join("-");
+}
+
+export function downloadChartCSV(gd) {
+  const url = URL.createObjectURL(new Blob([chartCSV(gd)], { type: "text/csv;charset=utf-8" }));
+  const a = Object.assign(document.createElement("a"), { href: url, download: `${chartFileName(gd)}.csv` });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
+export function downloadChartPNG(gd) {
+  return window.Plotly.downloadImage(gd, {
+    format: "png", filename: chartFileName(gd), scale: 2,
+    width: gd.clientWidth || undefined, height: gd.clientHeight || undefined,
+  });
+}
+
+function exportButtons() {
+  // filled icons in a 1000x1000 box (SVG coordinates, y down): a table, and a framed picture
+  const table = "M150 150h700v150H150zM150 350h200v120H150zM400 350h450v120H400zM150 520h200v120H150z" +
+    "M400 520h450v120H400zM150 690h200v120H150zM400 690h450v120H400z";
+  const picture = "M100 180h800v60H100zM100 760h800v60H100zM100 180h60v640H100zM840 180h60v640H840z" +
+    "M180 740l220-300 160 200 100-120 160 220zM640 330a60 60 0 1 0 120 0a60 60 0 1 0-120 0z";
+  const icon = (path) => ({ width: 1000, height: 1000, path });
+  return [
+    { name: "downloadCSV", title: "Download data as CSV", icon: icon(table), click: (gd) => downloadChartCSV(gd) },
+    { name: "downloadPNG", title: "Download plot as PNG", icon: icon(picture), click: (gd) => downloadChartPNG(gd) },
+  ];
 }

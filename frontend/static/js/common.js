@@ -99,6 +99,20 @@ export function formatRatio(x, digits = 2) {
   return finite(x) ? `${Number(x).toFixed(digits)}×` : MISSING;
 }
 
+// How far a measurement is from its prediction, written one way on every page (plan, job, job list):
+// measured / predicted to three significant figures, "1.07×", "82.4×", "0.0121×", "1,230×" (1× = as predicted).
+export function formatVsPredicted(measured, predicted) {
+  if (!finite(measured) || !finite(predicted) || Number(predicted) === 0) return MISSING;
+  const r = Number(measured) / Number(predicted);
+  return `${r.toLocaleString("en-US", { maximumSignificantDigits: 3 })}×`;
+}
+
+// The caveat stored with a prediction ("uncalibrated: run `cann-train calibrate`" when the planner used
+// the shipped cpu placeholder: predicted.efficiency_profile.note), or "".
+export function predictionCaveat(predicted) {
+  return (predicted && predicted.efficiency_profile && predicted.efficiency_profile.note) || "";
+}
+
 // "512 B", "3.4 kB", "1.25 MB" (decimal units, as link bandwidths are quoted)
 export function formatBytes(b) {
   if (!finite(b)) return MISSING;

@@ -1,10 +1,11 @@
-// The job pages: list (compare picks, launch form), detail (history then live charts), compare.
-// History comes first (rendered into the page, then paged from the events API when long), then the
-// websocket subscription resumes from the last history seq: no point is drawn twice or missed.
+// The job pages: detail (history then live charts, one trace per attempt, the live log) and compare (the
+// job list is job_list.js). History comes first (rendered into the page, then paged from the events API
+// when long), then the websocket subscription resumes from the last history seq: no point is drawn twice
+// or missed.
 import { LiveClient } from "./live.js";
 import { COLORS, Ema, PLOT_CONFIG, TraceAppender, chartLayout, referenceLine, withReferences } from "./charts.js";
 import {
-  failureLines, formatGiB, formatNumber, formatRatio, formatSeconds, getJSON, postJSON, showErrorLines,
+  failureLines, formatGiB, formatNumber, formatSeconds, formatVsPredicted, getJSON, postJSON,
 } from "./common.js";
 
 const JOB_STATES = new Set(["queued", "launching", "running", "succeeded", "failed", "cancelled"]);
@@ -18,125 +19,80 @@ function setStatePill(el, state) {
   el.className = `state ${state}`;
 }
 
-// ------------------------------------------------------------------------------------------ job list
-
-export function initJobList({ maxCompared = 5 } = {}) {
-  const picks = [...document.querySelectorAll("#job-table input.pick")];
-  const ids = document.getElementById("compare-ids");
-  const button = document.getElementById("compare-button");
-  const hint = document.getElementById("compare-hint");
-  const hintText = hint.textContent;
-  const chosen = [];
-  for (const box of picks) {
-    box.addEventListener("change", () => {
-      if (box.checked) {
-        if (chosen.length >= maxCompared) {
-          box.checked = false;
-          hint.textContent = `At most ${maxCompared} jobs on one chart: untick one first.`;
-          hint.classList.add("error");
-          return;
-        }
-        chosen.push(box.value);
-      } else {
-        chosen.splice(chosen.indexOf(box.value), 1);
-      }
-      hint.textContent = hintText;
-      hint.classList.remove("error");
-      ids.value = chosen.join(",");
-      button.disabled = chosen.length < 1;
-    });
-  }
-
-  const examples = JSON.parse(document.getElementById("launch-examples").textContent);
-  const form = document.getElementById("launch-form");
-  const errors = document.getElementById("launch-errors");
-  const strategySelect = form.elements.strategy;
-  for (const opt of strategySelect.options) {
-    const s = examples.strategies[opt.value];
-    const world = (s.tp || 1) * (s.pp || 1) * (s.dp || 1) * (s.cp || 1);
-    opt.textContent = `${opt.value} (${world} rank${world > 1 ? "s" : ""})`;
-  }
-  form.addEventListener("submit", async (ev) => {
-    ev.preventDefault();
-    errors.replaceChildren();
-    const f = form.elements;
-    const body = {
-      name: f.name.value,
-      model: examples.models[f.model.value],
-      strategy: examples.strategies[f.strategy.value],
-      training: examples.training,
-      steps: Number(f.steps.value),
-      device: "cpu",
-    };
-    if (f.profile_every && f.profile_every.value !== "") body.profile_every = Number(f.profile_every.value);
-    if (f.team) body.team = f.team.value;
-    const button = document.getElementById("launch-button");
-    button.disabled = true;
-    const r = await postJSON("/api/jobs/", body);
-    button.disabled = false;
-    if (r.status === 201) { location.assign(`/jobs/${r.body.id}/`); return; }
-    showErrorLines(errors, failureLines(r, "launch failed"));
-  });
-}
-
 // ---------------------------------------------------------------------------------------- job detail
 
-// The chart series of one job, built from its train events. A step that does not increase (a relaunch,
-// a restart from a snapshot) starts a new segment: a null point breaks the lines there.
-class JobSeries {
-  constructor() {
+const LOG_MAX_LINES = 2000;  // lines the log panel keeps (the node's log file on the worker has them all)
+// traces each attempt has on each chart of the job page: loss raw + smoothed, tokens/s, memory, and the
+// four stacked parts of the step time; attempt slot k owns traces k*n .. k*n+n-1 of a chart
+const TRACES_PER_ATTEMPT = { loss: 2, tokens: 1, memory: 1, step: 4 };
+const STEP_PARTS = [["compute", 1], ["exposed comm", 0], ["pipeline bubble", 3], ["other / not profiled", null]];
+const STEP_PATTERNS = ["", "/", "x", ".", "+", "\\"];
+
+// Which attempt (launch) of a job an event belongs to. Events say it (`attempt`); older ones belong to the
+// launch before them: each "queued" event starts one (its own `attempt`, else the next number). Events
+// from before any launch are attempt 1.
+export class AttemptTracker {
+  constructor() { this.current = 0; }
+
+  of(e) {
+    const v = e.values || {};
+    if (e.kind === "event" && v.state === "queued") this.current = v.attempt || this.current + 1;
+    else if (v.attempt) this.current = Math.max(this.current, v.attempt);
+    return v.attempt || this.current || 1;
+  }
+}
+
+// The chart series of one attempt, built from its train events. A step that does not increase within an
+// attempt (a restart from a snapshot) starts a new segment: a null point breaks the lines there.
+class AttemptSeries {
+  constructor(attempt, slot, smoothing) {
+    this.attempt = attempt;
+    this.slot = slot;
+    this.ema = new Ema(smoothing);
     this.lastStep = null;
+    this.count = 0;
     this.recent = [];   // the latest steady steps: {step_time_s, tokens_per_s}
-    this.memory = null;
-    this.expertLoad = null;
-    this.expertImbalance = null;
   }
 
-  // -> list of [chart, trace, x, y] points to append
+  // -> list of [chart, trace of this attempt, x, y] points to append
   points(e) {
     const v = e.values || {};
     const out = [];
     const x = e.step;
     if (this.lastStep !== null && x <= this.lastStep) {
-      for (const [chart, traces] of [["loss", [0, 1]], ["tokens", [0]], ["memory", [0]]]) {
-        for (const t of traces) out.push([chart, t, null, null]);
+      for (const [chart, n] of Object.entries(TRACES_PER_ATTEMPT)) {
+        if (chart === "step") continue;
+        for (let t = 0; t < n; t++) out.push([chart, t, null, null]);
       }
+      this.ema.reset();
       this.recent = [];
     }
     const first = this.lastStep === null || x <= this.lastStep;
     this.lastStep = x;
+    this.count += 1;
     out.push(["loss", 0, x, v.loss ?? null]);
-    out.push(["loss", 1, x, v.loss ?? null]);  // the caller smooths trace 1
-    out.push(["tokens", 0, x, v.tokens_per_s ?? null]);
+    out.push(["loss", 1, x, this.ema.push(v.loss ?? null)]);
+    // a profiled step runs under the profiler, several times slower: left out of the throughput line and
+    // of the step-time split (it would flatten every other bar), as the run summary leaves it out
+    if (!v.profiled) out.push(["tokens", 0, x, v.tokens_per_s ?? null]);
     out.push(["memory", 0, x, v.memory_GiB ?? null]);
-    // step-time split, stacked: bubble from the schedule, compute and exposed comm from the latest
-    // profiled step, the rest unattributed (optimizer, data, launch). A profiled step itself is left
-    // out: the profiler slows it several times over, and it would flatten every other bar.
     if (v.profiled) {
       for (const t of [0, 1, 2, 3]) out.push(["step", t, x, null]);
-      return this.note(v, first, out);
+    } else {
+      // step-time split, stacked: bubble from the schedule, compute and exposed comm from the latest
+      // profiled step, the rest unattributed (optimizer, data, launch)
+      const total = v.step_time_s ?? 0;
+      const bubble = total * (v.bubble_fraction ?? 0);
+      let left = Math.max(total - bubble, 0);
+      const compute = v.compute_s != null ? Math.min(v.compute_s, left) : 0;
+      left -= compute;
+      const comm = (v.exposed_comm_s ?? v.comm_s) != null ? Math.min(v.exposed_comm_s ?? v.comm_s, left) : 0;
+      left -= comm;
+      out.push(["step", 0, x, compute], ["step", 1, x, comm], ["step", 2, x, bubble], ["step", 3, x, left]);
     }
-    const total = v.step_time_s ?? 0;
-    const bubble = total * (v.bubble_fraction ?? 0);
-    let left = Math.max(total - bubble, 0);
-    const compute = v.compute_s != null ? Math.min(v.compute_s, left) : 0;
-    left -= compute;
-    const comm = (v.exposed_comm_s ?? v.comm_s) != null ? Math.min(v.exposed_comm_s ?? v.comm_s, left) : 0;
-    left -= comm;
-    out.push(["step", 0, x, compute], ["step", 1, x, comm], ["step", 2, x, bubble], ["step", 3, x, left]);
-    return this.note(v, first, out);
-  }
-
-  // remember what the figures table and the expert chart show
-  note(v, first, out) {
     if (!first && !v.profiled && v.step_time_s) {
       this.recent.push({ step_time_s: v.step_time_s, tokens_per_s: v.tokens_per_s });
       if (this.recent.length > STEADY_WINDOW) this.recent.shift();
-    }
-    if (v.memory_GiB != null) this.memory = v.memory_GiB;
-    if (Array.isArray(v.expert_load)) {
-      this.expertLoad = v.expert_load;
-      this.expertImbalance = v.expert_imbalance;
     }
     return out;
   }
@@ -147,17 +103,67 @@ class JobSeries {
   }
 }
 
+// The series of every attempt of a job, and what the figures table and the expert chart show.
+class JobSeries {
+  constructor(smoothing) {
+    this.smoothing = smoothing;
+    this.tracker = new AttemptTracker();
+    this.attempts = new Map();   // attempt -> AttemptSeries, in the order they appeared (= trace slots)
+    this.memory = null;
+    this.expertLoad = null;
+    this.expertImbalance = null;
+  }
+
+  // the series of an attempt; `created` says a new one was opened (its traces still have to be added)
+  attempt(n) {
+    let s = this.attempts.get(n);
+    const created = !s;
+    if (created) {
+      s = new AttemptSeries(n, this.attempts.size, this.smoothing);
+      this.attempts.set(n, s);
+    }
+    return { series: s, created };
+  }
+
+  get latest() {
+    let best = null;
+    for (const s of this.attempts.values()) if (!best || s.attempt > best.attempt) best = s;
+    return best;
+  }
+
+  get points() { let n = 0; for (const s of this.attempts.values()) n += s.count; return n; }
+
+  steady(key) { return this.latest ? this.latest.steady(key) : null; }
+
+  note(v) {
+    if (v.memory_GiB != null) this.memory = v.memory_GiB;
+    if (Array.isArray(v.expert_load)) {
+      this.expertLoad = v.expert_load;
+      this.expertImbalance = v.expert_imbalance;
+    }
+  }
+}
+
+// "8 s", "3 min", "2 h"
+function ago(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  return s < 120 ? `${s} s` : s < 7200 ? `${Math.round(s / 60)} min` : `${Math.round(s / 3600)} h`;
+}
+
 class JobDetail {
   constructor(page) {
     this.page = page;
     this.state = page.state;
     this.measured = null;  // the run summary of the latest attempt, once it finished
+    // the job list's figures of this job (the same selector): what a stopped job shows as measured
+    this.row = TERMINAL.has(page.state) ? page.figures || null : null;
     this.predicted = page.plan_predicted || {};
-    this.series = new JobSeries();
     this.lastSeq = 0;
     this.el = (id) => document.getElementById(id);
     this.smoothing = Number(this.el("loss-smoothing").value);
-    this.ema = new Ema(this.smoothing);
+    this.series = new JobSeries(this.smoothing);
+    this.launchedAt = Date.parse(page.created_at) || Date.now();
+    this.log = { lines: [], attempt: null, started: false };
     this.charts = {};
   }
 
@@ -172,24 +178,32 @@ class JobDetail {
       all.push(...history);
       complete = history.length < EVENTS_PAGE;
     }
-    const data = { loss: [[], []], tokens: [[]], memory: [[]], step: [[], [], [], []] };
+    const data = { loss: [], tokens: [], memory: [], step: [] };  // per chart: per trace, [x, y] points
+    const pointsOf = (chart, series, t) => {
+      const i = series.slot * TRACES_PER_ATTEMPT[chart] + t;
+      while (data[chart].length <= i) data[chart].push([]);
+      return data[chart][i];
+    };
     for (const e of all) {
       this.lastSeq = Math.max(this.lastSeq, e.seq);
+      const attempt = this.series.tracker.of(e);
       if (e.kind === "train") {
-        for (const [chart, trace, x, y] of this.series.points(e)) {
-          const arr = data[chart][trace];
-          arr.push([x, chart === "loss" && trace === 1 ? this.ema.push(y) : y]);
-        }
+        const { series } = this.series.attempt(attempt);
+        for (const [chart, t, x, y] of series.points(e)) pointsOf(chart, series, t).push([x, y]);
+        this.series.note(e.values || {});
       } else if (e.kind === "event") {
-        this.timeline(e);
-        this.noteSummary(e.values || {});
+        this.event(e, attempt, { live: false });
       }
     }
+    // the current attempt has its traces (empty until its first step) so a page always has attempt lines
+    this.series.attempt(Math.max(1, this.page.attempts || 0, this.series.tracker.current));
     // the page's state is the database's; history may lag it by a relay batch, never lead it
     if (!this.measured && this.page.state === "succeeded" && this.page.measured) this.measured = this.page.measured;
     this.plot(data);
     this.figures();
-    this.el("job-log").scrollTop = this.el("job-log").scrollHeight;
+    this.waiting();
+    const log = this.el("job-log");
+    log.scrollTop = log.scrollHeight;
     this.bindButtons();
     this.client = new LiveClient({
       onStatus: (s) => { const el = this.el("live-status"); el.textContent = s; el.dataset.state = s; },
@@ -201,41 +215,58 @@ class JobDetail {
     return this;
   }
 
-  plot(data) {
-    const xs = (pts) => pts.map((p) => p[0]);
-    const ys = (pts) => pts.map((p) => p[1]);
-    const uirevision = `job-${this.page.id}`;
-    const line = (name, pts, color, extra = {}) => ({
-      type: "scatter", mode: "lines", name, x: xs(pts), y: ys(pts), line: { color, width: 2 }, connectgaps: false, ...extra,
+  // the Plotly traces of one attempt on one chart, filled with `pts[t]` ([x, y] points of its trace t)
+  tracesOf(chart, series, pts = []) {
+    const n = series.attempt;
+    const group = `attempt-${n}`;
+    const xs = (t) => (pts[t] || []).map((p) => p[0]);
+    const ys = (t) => (pts[t] || []).map((p) => p[1]);
+    const line = (name, t, color, extra = {}) => ({
+      type: "scatter", mode: "lines", name, x: xs(t), y: ys(t), line: { color, width: 2 }, connectgaps: false,
+      legendgroup: group, ...extra,
     });
+    const color = (base) => COLORS[(base + series.slot) % COLORS.length];
+    if (chart === "loss") {
+      return [
+        line(`attempt ${n} (raw)`, 0, `${color(0)}48`, { mode: "lines+markers", marker: { size: 3 }, showlegend: false }),
+        line(`attempt ${n}`, 1, color(0)),
+      ];
+    }
+    if (chart === "tokens") return [line(`attempt ${n}`, 0, color(1))];
+    if (chart === "memory") return [line(`attempt ${n}`, 0, color(2))];
+    return STEP_PARTS.map(([name, c], t) => ({
+      type: "bar", name, x: xs(t), y: ys(t), legendgroup: group, legendgrouptitle: { text: `attempt ${n}` },
+      offsetgroup: group,
+      marker: { color: c == null ? "#afb8c1" : COLORS[c], pattern: { shape: STEP_PATTERNS[series.slot % STEP_PATTERNS.length] } },
+    }));
+  }
+
+  plot(data) {
+    const uirevision = `job-${this.page.id}`;
     const p = this.predicted;
-    // loss: raw (faint, trace 0) and smoothed (trace 1)
+    const attempts = [...this.series.attempts.values()];
+    const traces = (chart) => attempts.flatMap((s) => {
+      const n = TRACES_PER_ATTEMPT[chart];
+      return this.tracesOf(chart, s, data[chart].slice(s.slot * n, s.slot * n + n));
+    });
     this.charts.loss = this.el("chart-loss");
-    Plotly.newPlot(this.charts.loss, [
-      line("loss", data.loss[0], "rgba(199,0,11,.28)", { mode: "lines+markers", marker: { size: 3 } }),
-      line("smoothed", data.loss[1], COLORS[0]),
-    ], chartLayout({ yTitle: "loss", uirevision }), PLOT_CONFIG);
+    Plotly.newPlot(this.charts.loss, traces("loss"), chartLayout({ yTitle: "loss", uirevision }), PLOT_CONFIG);
 
     this.charts.tokens = this.el("chart-tokens");
-    Plotly.newPlot(this.charts.tokens, [line("tokens/s", data.tokens[0], COLORS[1])],
+    Plotly.newPlot(this.charts.tokens, traces("tokens"),
       withReferences(chartLayout({ yTitle: "tokens/s", uirevision }),
         p.tokens_per_s != null && referenceLine(p.tokens_per_s, `predicted ${formatNumber(p.tokens_per_s)} tokens/s`)),
       PLOT_CONFIG);
 
     this.charts.step = this.el("chart-step");
-    const bar = (name, pts, color) => ({ type: "bar", name, x: xs(pts), y: ys(pts), marker: { color } });
-    Plotly.newPlot(this.charts.step, [
-      bar("compute", data.step[0], COLORS[1]),
-      bar("exposed comm", data.step[1], COLORS[0]),
-      bar("pipeline bubble", data.step[2], COLORS[3]),
-      bar("other / not profiled", data.step[3], "#afb8c1"),
-    ], withReferences(chartLayout({ yTitle: "seconds", uirevision, barmode: "stack", bargap: 0.1 }),
-      p.step_time_s != null && referenceLine(p.step_time_s, `predicted ${formatSeconds(p.step_time_s)}`, "#1d2430")),
-    PLOT_CONFIG);
+    Plotly.newPlot(this.charts.step, traces("step"),
+      withReferences(chartLayout({ yTitle: "seconds", uirevision, barmode: "stack", bargap: 0.1 }),
+        p.step_time_s != null && referenceLine(p.step_time_s, `predicted ${formatSeconds(p.step_time_s)}`, "#1d2430")),
+      PLOT_CONFIG);
 
     this.charts.memory = this.el("chart-memory");
     const predictedMemory = (p.memory_GiB_per_device || {}).total;
-    Plotly.newPlot(this.charts.memory, [line("peak memory (GiB)", data.memory[0], COLORS[2])],
+    Plotly.newPlot(this.charts.memory, traces("memory"),
       withReferences(chartLayout({ yTitle: "GiB", uirevision }),
         predictedMemory != null && referenceLine(predictedMemory, `predicted ${formatGiB(predictedMemory, 2)}`)),
       PLOT_CONFIG);
@@ -250,49 +281,109 @@ class JobDetail {
     }
 
     this.appenders = {};
-    for (const name of ["loss", "tokens", "step", "memory"]) {
+    for (const name of Object.keys(TRACES_PER_ATTEMPT)) {
       this.appenders[name] = new TraceAppender(this.charts[name]);
     }
     this.el("loss-smoothing").addEventListener("input", (ev) => this.resmooth(Number(ev.target.value)));
     this.el("loss-smoothing-value").textContent = formatNumber(this.smoothing, 2);
   }
 
+  // a new attempt during the page's life: its traces go after the others' (their indices stay)
+  addAttemptTraces(series) {
+    for (const chart of Object.keys(TRACES_PER_ATTEMPT)) {
+      this.appenders[chart].flush();
+      Plotly.addTraces(this.charts[chart], this.tracesOf(chart, series));
+    }
+  }
+
   resmooth(weight) {
     this.appenders.loss.flush();
-    this.smoothing = weight;
+    this.smoothing = this.series.smoothing = weight;
     this.el("loss-smoothing-value").textContent = formatNumber(weight, 2);
-    const raw = this.charts.loss.data[0];
-    this.ema = new Ema(weight);
-    const smoothed = raw.y.map((y) => this.ema.push(y));
-    Plotly.restyle(this.charts.loss, { x: [raw.x.slice()], y: [smoothed] }, [1]);
+    const xs = [], ys = [], indices = [];
+    for (const s of this.series.attempts.values()) {
+      const raw = this.charts.loss.data[2 * s.slot];
+      s.ema = new Ema(weight);
+      const smoothed = raw.y.map((y) => s.ema.push(y));
+      xs.push(raw.x.slice()); ys.push(smoothed); indices.push(2 * s.slot + 1);
+    }
+    Plotly.restyle(this.charts.loss, { x: xs, y: ys }, indices);
   }
 
   live(e) {
     this.lastSeq = e.seq;
+    const attempt = this.series.tracker.of(e);
     if (e.kind === "train") {
-      for (const [chart, trace, x, y] of this.series.points(e)) {
-        this.appenders[chart].push(trace, x, chart === "loss" && trace === 1 ? this.ema.push(y) : y);
-      }
+      const { series, created } = this.series.attempt(attempt);
+      if (created) this.addAttemptTraces(series);
+      const base = (chart) => series.slot * TRACES_PER_ATTEMPT[chart];
+      for (const [chart, t, x, y] of series.points(e)) this.appenders[chart].push(base(chart) + t, x, y);
+      this.series.note(e.values || {});
       if (this.charts.experts && this.series.expertLoad) this.updateExperts();
       if (this.state !== "running" && !TERMINAL.has(this.state)) this.setState("running");
       this.figures();
+      this.waiting();
     } else if (e.kind === "event") {
-      this.timeline(e);
-      this.noteSummary(e.values || {});
-      const state = e.values && e.values.state;
-      if (state === "finished") this.figures();
-      if (JOB_STATES.has(state)) {
-        this.setState(state);
-        if (state === "queued" && e.values.attempt) this.el("job-attempts").textContent = e.values.attempt;
-        if (TERMINAL.has(state)) this.refresh();
-      }
+      this.event(e, attempt, { live: true });
     }
   }
 
-  // a "finished" event carries the run summary; a new attempt ("queued") starts without one
-  noteSummary(v) {
-    if (v.state === "finished") this.measured = v;
-    else if (v.state === "queued") this.measured = null;
+  // an "event" event: a log batch, or a lifecycle step (timeline, state, summary)
+  event(e, attempt, { live }) {
+    const v = e.values || {};
+    if (Array.isArray(v.log)) { this.appendLog(v, attempt); return; }
+    this.timeline(e);
+    if (v.state === "finished") this.measured = v;  // a "finished" event carries the run summary
+    if (v.state === "queued") {  // a new attempt starts without one, from now
+      this.measured = null;
+      this.launchedAt = Date.parse(e.time) || Date.now();
+    }
+    if (!live) return;
+    if (v.state === "queued") {
+      this.row = null;
+      const { series, created } = this.series.attempt(attempt);
+      if (created) this.addAttemptTraces(series);
+    }
+    if (v.state === "finished") this.figures();
+    if (JOB_STATES.has(v.state)) {
+      this.setState(v.state);
+      if (v.state === "queued" && v.attempt) this.el("job-attempts").textContent = v.attempt;
+      if (TERMINAL.has(v.state)) this.refresh();
+    }
+  }
+
+  // new lines of the live log (the node supervisor's batches, noise already left out)
+  appendLog(v, attempt) {
+    const log = this.el("job-log");
+    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 24;
+    const lines = this.log.lines;
+    if (attempt !== this.log.attempt && (this.log.attempt !== null || attempt > 1)) lines.push(`── attempt ${attempt} ──`);
+    this.log.attempt = attempt;
+    const prefix = this.page.nnodes > 1 ? `[node ${v.node ?? "?"}] ` : "";
+    for (const line of v.log) lines.push(prefix + line);
+    if (lines.length > LOG_MAX_LINES) lines.splice(0, lines.length - LOG_MAX_LINES);
+    this.log.started = true;
+    log.textContent = lines.join("\n");
+    log.dataset.lines = lines.length;
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+
+  // before the first step the charts say what they wait for, updated every second, instead of bare axes
+  waiting() {
+    const boxes = document.querySelectorAll(".chart-waiting");
+    const waiting = this.series.points === 0;
+    let text = "";
+    if (waiting) {
+      text = TERMINAL.has(this.state) ? "no step was recorded"
+        : `waiting for the first step (launched ${ago(Date.now() - this.launchedAt)} ago)`;
+    }
+    for (const box of boxes) { box.hidden = !waiting; box.textContent = text; }
+    if (waiting && !TERMINAL.has(this.state)) {
+      if (!this.waitTimer) this.waitTimer = setInterval(() => this.waiting(), 1000);
+    } else if (this.waitTimer) {
+      clearInterval(this.waitTimer);
+      this.waitTimer = null;
+    }
   }
 
   updateExperts() {
@@ -310,14 +401,16 @@ class JobDetail {
     this.el("cancel-button").hidden = TERMINAL.has(state);
     this.el("relaunch-button").hidden = !(state === "failed" || state === "cancelled");
     if (!TERMINAL.has(state)) this.el("cancel-button").disabled = false;
+    this.waiting();
   }
 
-  // predicted vs measured, side by side
+  // predicted vs measured, side by side; a stopped job shows what the job list shows for it
   figures() {
     const p = this.predicted;
+    const row = TERMINAL.has(this.state) && this.row ? this.row : null;
     const m = this.measured && this.measured.step_time_s != null ? this.measured : null;
-    const stepTime = m ? m.step_time_s : this.series.steady("step_time_s");
-    const tokens = m ? m.tokens_per_s : this.series.steady("tokens_per_s");
+    const stepTime = row ? row.step_time_s : m ? m.step_time_s : this.series.steady("step_time_s");
+    const tokens = row ? row.tokens_per_s : m ? m.tokens_per_s : this.series.steady("tokens_per_s");
     const memory = m && m.memory_GiB != null ? m.memory_GiB : this.series.memory;
     const predictedMemory = (p.memory_GiB_per_device || {}).total;
     const cell = (id, text, value) => {
@@ -326,21 +419,25 @@ class JobDetail {
       if (value != null && Number.isFinite(value)) el.dataset.value = value; else delete el.dataset.value;
     };
     const ratio = (a, b) => (a != null && b ? a / b : null);
+    const vs = (id, measured, predicted) => {
+      cell(id, formatVsPredicted(measured, predicted), ratio(measured, predicted));
+      const r = ratio(measured, predicted);
+      this.el(id).classList.toggle("bad", r != null && Math.abs(r - 1) > 0.15);
+    };
     cell("predicted-step-time", p.step_time_s != null ? formatSeconds(p.step_time_s) : "no plan", p.step_time_s);
     cell("measured-step-time", formatSeconds(stepTime), stepTime);
-    const r1 = ratio(stepTime, p.step_time_s);
-    cell("step-time-ratio", formatRatio(r1), r1);
+    vs("step-time-ratio", stepTime, p.step_time_s);
     cell("predicted-tokens", formatNumber(p.tokens_per_s), p.tokens_per_s);
     cell("measured-tokens", formatNumber(tokens), tokens);
-    const r2 = ratio(tokens, p.tokens_per_s);
-    cell("tokens-ratio", formatRatio(r2), r2);
+    vs("tokens-ratio", tokens, p.tokens_per_s);
     cell("predicted-memory", formatGiB(predictedMemory, 2), predictedMemory);
     cell("measured-memory", formatGiB(memory, 3), memory);
-    const r3 = ratio(memory, predictedMemory);
-    cell("memory-ratio", formatRatio(r3), r3);
-    this.el("measured-note").textContent = m
-      ? "Measured: the run summary (steady steps: the first step and profiled steps left out)."
-      : `Measured: mean over the latest ${STEADY_WINDOW} steady steps (the first step and profiled steps left out).`;
+    vs("memory-ratio", memory, predictedMemory);
+    this.el("measured-note").textContent = row
+      ? (row.final ? "Measured: the run summary (steady steps: the first step and profiled steps left out)."
+        : `Measured: mean over the last ${STEADY_WINDOW} steady steps before it stopped (the first step and profiled steps left out), as on the job list.`)
+      : m ? "Measured: the run summary (steady steps: the first step and profiled steps left out)."
+        : `Measured: mean over the latest ${STEADY_WINDOW} steady steps (the first step and profiled steps left out).`;
   }
 
   timeline(e) {
@@ -363,19 +460,29 @@ class JobDetail {
   }
 
   async refresh() {
-    const r = await getJSON(this.page.api);
+    const [r, rows] = await Promise.all([getJSON(this.page.api), getJSON(this.page.rows_api)]);
     if (!r.ok) return;
     const job = r.body;
     if (job.state === "succeeded" && job.measured) this.measured = job.measured;
+    const row = rows.ok && Array.isArray(rows.body) ? rows.body.find((x) => x.id === job.id) : null;
+    if (row) this.row = { step_time_s: row.measured_step_time_s, tokens_per_s: row.tokens_per_s, final: row.measured_is_final };
     this.setState(job.state);
     this.el("job-attempts").textContent = job.attempts;
-    const log = this.el("job-log");
-    log.textContent = job.log_tail || "(no log)";
-    log.scrollTop = log.scrollHeight;
-    const err = this.el("job-error");
-    err.textContent = job.human_readable_error || "";
-    err.hidden = !job.human_readable_error;
+    if (!this.log.started) {  // no live log came (an older job): the tail the supervisor stored
+      const log = this.el("job-log");
+      log.textContent = job.log_tail || "(no log)";
+      log.scrollTop = log.scrollHeight;
+    }
+    this.showJobError(job.state, job.human_readable_error);
     this.figures();
+  }
+
+  // the job's own message: why it failed (an error), or who cancelled it (a plain note)
+  showJobError(state, text) {
+    const err = this.el("job-error");
+    err.textContent = text || "";
+    err.hidden = !text;
+    err.className = state === "cancelled" ? "muted" : "error";
   }
 
   showActionError(text) {
@@ -392,7 +499,7 @@ class JobDetail {
       const r = await postJSON(`${this.page.api}cancel/`);
       if (!r.ok) { cancel.disabled = false; this.showActionError(failureLines(r, "cancel failed").join(" ")); return; }
       cancel.textContent = TERMINAL.has(r.body.state) ? "Cancel" : "Cancelling…";
-      if (TERMINAL.has(r.body.state)) this.setState(r.body.state);
+      if (TERMINAL.has(r.body.state)) { this.setState(r.body.state); this.refresh(); }
     });
     const relaunch = this.el("relaunch-button");
     relaunch.addEventListener("click", async () => {
@@ -403,26 +510,28 @@ class JobDetail {
       if (!r.ok) { this.showActionError(failureLines(r, "relaunch failed").join(" ")); return; }
       cancel.textContent = "Cancel";
       this.measured = null;
-      this.series.recent = [];
+      this.row = null;
       this.setState(r.body.state);
       this.el("job-attempts").textContent = r.body.attempts;
       this.el("job-error").hidden = true;
+      this.figures();
     });
   }
 }
 
 // One line of the events timeline for an event's values.
 function describe(v, step) {
+  const attempt = v.attempt ? `attempt ${v.attempt}` : "";
   switch (v.state) {
-    case "queued": return v.attempt ? `attempt ${v.attempt}` : "";
-    case "running": return [v.attempt && `attempt ${v.attempt}`, v.nodes && `${v.nodes} node(s)`, v.ranks && `${v.ranks} ranks`].filter(Boolean).join(", ");
-    case "launching": return [v.attempt && `attempt ${v.attempt}`, v.nodes && `on ${v.nodes.join(", ")}`].filter(Boolean).join(" ");
+    case "queued": return attempt;
+    case "running": return [attempt, v.nodes && `${v.nodes} node(s)`, v.ranks && `${v.ranks} ranks`].filter(Boolean).join(", ");
+    case "launching": return [attempt, v.nodes && `on ${v.nodes.join(", ")}`].filter(Boolean).join(" ");
     case "started": return `${v.world_size} ranks · ${v.strategy} · ${v.device}/${v.backend} · ${v.model} · ${formatNumber(v.params)} params` + (v.start_step ? ` · resumed at step ${v.start_step}` : "");
     case "finished": return `step ${step} · ${formatSeconds(v.step_time_s)}/step · ${formatNumber(v.tokens_per_s)} tokens/s · loss ${formatNumber(v.loss_first, 3)} → ${formatNumber(v.loss_last, 3)}`;
     case "succeeded": case "failed": case "cancelled": {
       const parts = [];
       if (v.message) parts.push(v.message);
-      if (v.exit_codes) parts.push(`exit codes ${v.exit_codes.join(", ")}`);
+      if (v.exit_codes && v.state !== "cancelled") parts.push(`exit codes ${v.exit_codes.join(", ")}`);
       return parts.join(" · ");
     }
     default: return v.message || Object.entries(v).filter(([k]) => k !== "state").map(([k, x]) => `${k}=${typeof x === "object" ? JSON.stringify(x) : x}`).join(" ");
@@ -437,32 +546,87 @@ export function initJobDetail(page) {
 
 // ------------------------------------------------------------------------------------------- compare
 
+// One line per job and attempt: a relaunch is a line of its own (it starts again at step 1), never joined
+// to the attempt before it. Profiled steps are left out of the tokens/s lines (the profiler slows them).
 export function initCompare(series) {
   const lossDiv = document.getElementById("compare-loss");
   const tokensDiv = document.getElementById("compare-tokens");
-  const trace = (s, i, key) => ({
-    type: "scatter", mode: "lines", name: `#${s.id} ${s.name} (${s.strategy})`, x: s.step, y: s[key],
-    line: { color: COLORS[i % COLORS.length], width: 2 }, connectgaps: false,
+  const lines = [];           // trace index -> {job index, attempt}
+  const traceOf = new Map();  // `${stream}#${attempt}` -> trace index
+  const attemptsOf = (i) => lines.filter((l) => l.i === i).length;
+  const nameOf = (s, attempt, many) => `#${s.id} ${s.name} (${s.strategy})` + (many ? ` · attempt ${attempt}` : "");
+  const initial = { loss: [], tokens: [] };
+  series.forEach((s, i) => {
+    const attempts = [...new Set(s.attempt && s.attempt.length ? s.attempt : [1])].sort((a, b) => a - b);
+    for (const attempt of attempts) {
+      const at = s.step.map((_, k) => k).filter((k) => ((s.attempt || [])[k] ?? 1) === attempt);
+      const trace = (ys, keep = () => true) => {
+        const kept = at.filter(keep);
+        return {
+          type: "scatter", mode: "lines", name: nameOf(s, attempt, attempts.length > 1),
+          x: kept.map((k) => s.step[k]), y: kept.map((k) => ys[k]),
+          line: { color: COLORS[i % COLORS.length], width: 2, dash: ["solid", "dot", "dash", "dashdot"][(attempt - 1) % 4] },
+          connectgaps: false, legendgroup: `job-${s.id}`,
+        };
+      };
+      traceOf.set(`${s.stream}#${attempt}`, lines.length);
+      lines.push({ i, attempt });
+      initial.loss.push(trace(s.loss));
+      initial.tokens.push(trace(s.tokens_per_s, (k) => !(s.profiled || [])[k]));
+    }
   });
-  Plotly.newPlot(lossDiv, series.map((s, i) => trace(s, i, "loss")), chartLayout({ yTitle: "loss", uirevision: "compare" }), PLOT_CONFIG);
-  Plotly.newPlot(tokensDiv, series.map((s, i) => trace(s, i, "tokens_per_s")), chartLayout({ yTitle: "tokens/s", uirevision: "compare" }), PLOT_CONFIG);
+  Plotly.newPlot(lossDiv, initial.loss, chartLayout({ yTitle: "loss", uirevision: "compare" }), PLOT_CONFIG);
+  Plotly.newPlot(tokensDiv, initial.tokens, chartLayout({ yTitle: "tokens/s", uirevision: "compare" }), PLOT_CONFIG);
   const running = series.filter((s) => !s.finished);
   const page = { lossDiv, tokensDiv, series };
   if (!running.length) { document.getElementById("live-status").textContent = "all finished"; return page; }
   const index = new Map(series.map((s, i) => [s.stream, i]));
-  const lastStep = new Map(series.map((s) => [s.stream, s.step.length ? s.step[s.step.length - 1] : null]));
+  const trackers = new Map(series.map((s) => {
+    const t = new AttemptTracker();
+    t.current = Math.max(s.attempts || 0, ...(s.attempt || []));
+    return [s.stream, t];
+  }));
+  const lastStep = new Map();
+  for (const [key, t] of traceOf) {
+    const x = initial.loss[t].x;
+    lastStep.set(key, x.length ? x[x.length - 1] : null);
+  }
   const loss = new TraceAppender(lossDiv);
   const tokens = new TraceAppender(tokensDiv);
+  // a new attempt of a job: a line of its own; the job's first line now says which attempt it is
+  const addLine = (i, attempt) => {
+    const s = series[i];
+    loss.flush(); tokens.flush();
+    if (attemptsOf(i) === 1) {
+      const first = lines.findIndex((l) => l.i === i);
+      const name = nameOf(s, lines[first].attempt, true);
+      Plotly.restyle(lossDiv, { name }, [first]);
+      Plotly.restyle(tokensDiv, { name }, [first]);
+    }
+    const trace = {
+      type: "scatter", mode: "lines", name: nameOf(s, attempt, attemptsOf(i) > 0), x: [], y: [],
+      line: { color: COLORS[i % COLORS.length], width: 2, dash: ["solid", "dot", "dash", "dashdot"][(attempt - 1) % 4] },
+      connectgaps: false, legendgroup: `job-${s.id}`,
+    };
+    Plotly.addTraces(lossDiv, trace);
+    Plotly.addTraces(tokensDiv, { ...trace });
+    traceOf.set(`${s.stream}#${attempt}`, lines.length);
+    lines.push({ i, attempt });
+    return lines.length - 1;
+  };
   page.client = new LiveClient({
     onStatus: (st) => { const el = document.getElementById("live-status"); el.textContent = st; el.dataset.state = st; },
     onEvent: (e) => {
       const i = index.get(e.stream);
+      const attempt = trackers.get(e.stream).of(e);
       if (e.kind === "train") {
-        const prev = lastStep.get(e.stream);
-        if (prev != null && e.step <= prev) { loss.push(i, null, null); tokens.push(i, null, null); }
-        lastStep.set(e.stream, e.step);
-        loss.push(i, e.step, e.values.loss ?? null);
-        tokens.push(i, e.step, e.values.tokens_per_s ?? null);
+        const key = `${e.stream}#${attempt}`;
+        const t = traceOf.has(key) ? traceOf.get(key) : addLine(i, attempt);
+        const prev = lastStep.get(key);
+        if (prev != null && e.step <= prev) { loss.push(t, null, null); tokens.push(t, null, null); }
+        lastStep.set(key, e.step);
+        loss.push(t, e.step, e.values.loss ?? null);
+        if (!e.values.profiled) tokens.push(t, e.step, e.values.tokens_per_s ?? null);
       } else if (e.kind === "event" && JOB_STATES.has(e.values?.state)) {
         const pill = document.querySelector(`#compared-jobs tr[data-job="${series[i].id}"] .state`);
         if (pill) setStatePill(pill, e.values.state);
@@ -472,4 +636,3 @@ export function initCompare(series) {
   for (const s of running) page.client.subscribe(s.stream, s.last_seq);
   return page;
 }
-

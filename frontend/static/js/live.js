@@ -1,14 +1,19 @@
 // Live events over the websocket, with resume: the client remembers the last seq of each stream and,
 // after a reconnect, subscribes again with it, so the server replays exactly what was missed.
 // onStatus tells "connecting", "live" (the socket is open), "reconnecting" or "signed out".
+// watch("jobs") follows a team feed: onNotice gets {"type": "notice", "feed": "jobs", "id", ...} when a job
+// of one of your teams changes state, is created or annotated. Notices are not replayed: a page re-reads
+// its rows when the socket comes back ("live" after "reconnecting").
 
 
 export class LiveClient {
-  constructor({ url, onEvent = () => {}, onStatus = () => {}, onError = () => {}, onSubscribed = () => {} } = {}) {
+  constructor({ url, onEvent = () => {}, onStatus = () => {}, onError = () => {}, onSubscribed = () => {},
+                onNotice = () => {}, onWatching = () => {} } = {}) {
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     this.url = url || `${proto}//${location.host}/ws/live/`;
-    this.handlers = { onEvent, onStatus, onError, onSubscribed };
+    this.handlers = { onEvent, onStatus, onError, onSubscribed, onNotice, onWatching };
     this.lastSeq = new Map();   // stream -> last seq delivered to the page
+    this.feeds = new Set();     // team feeds watched
     this.backoff = 500;
     this.closedByUser = false;
     this.connect();
@@ -21,6 +26,7 @@ export class LiveClient {
       this.backoff = 500;
       this.handlers.onStatus("live");
       for (const [stream, seq] of this.lastSeq) this.send({ action: "subscribe", stream, last_seq: seq });
+      for (const feed of this.feeds) this.send({ action: "watch", feed });
     });
     this.ws.addEventListener("message", (msg) => this.receive(JSON.parse(msg.data)));
     this.ws.addEventListener("close", (ev) => {
@@ -34,7 +40,9 @@ export class LiveClient {
 
   receive(m) {
     if (m.type === "subscribed") { this.handlers.onSubscribed(m); return; }
-    if (m.type === "unsubscribed") return;
+    if (m.type === "unsubscribed" || m.type === "unwatched") return;
+    if (m.type === "watching") { this.handlers.onWatching(m); return; }
+    if (m.type === "notice") { if (this.feeds.has(m.feed)) this.handlers.onNotice(m); return; }
     if (m.type === "error") { this.handlers.onError(m); return; }
     if (!this.lastSeq.has(m.stream)) return;  // unsubscribed meanwhile
     if (m.seq <= this.lastSeq.get(m.stream)) return;
@@ -50,6 +58,12 @@ export class LiveClient {
   }
 
   unsubscribe(stream) { this.lastSeq.delete(stream); this.send({ action: "unsubscribe", stream }); }
+
+  subscribed(stream) { return this.lastSeq.has(stream); }
+
+  watch(feed) { this.feeds.add(feed); this.send({ action: "watch", feed }); }
+
+  unwatch(feed) { this.feeds.delete(feed); this.send({ action: "unwatch", feed }); }
 
   close() { this.closedByUser = true; this.ws.close(); }
 }

@@ -43,39 +43,83 @@ function planLabel(plan, fallback) {
   return plan.name || fallback;
 }
 
+// The one state the search page shows — in the header badge, the bar and the text alike: the page data's
+// once the search ended (the server's word is final), else the newest live report (a progress or end event
+// of the websocket, or the poll) over the page data.
+export function progressView(search, live = {}) {
+  const ended = terminal(search.state);
+  const state = ended ? search.state : live.state || search.state;
+  const stats = search.stats || {};
+  const current = (key) => (!ended && live[key] != null ? live[key] : stats[key]);
+  let fraction = ended ? search.progress || 0 : live.fraction != null ? live.fraction : search.progress || 0;
+  if (state === "succeeded") fraction = 1;
+  fraction = Math.max(0, Math.min(1, fraction));
+  const rejected = stats.rejected && terminal(state) ? Object.values(stats.rejected).reduce((a, n) => a + n, 0) : null;
+  return { state, fraction, evaluated: current("evaluated"), feasible: current("feasible"), rejected,
+           done: terminal(state), best: ended ? null : live.best };
+}
+
 function renderProgress(root, search, live) {
-  const state = live.state || search.state;
-  const fraction = live.fraction != null ? live.fraction : search.progress || 0;
-  const done = terminal(state);
-  const f = done && state === "succeeded" ? 1 : Math.max(0, Math.min(1, fraction));
+  const v = progressView(search, live);
+  const { state, fraction: f } = v;
+  const stats = search.stats || {};
+  showState(state);
   root.dataset.state = state;
   root.dataset.fraction = String(f);
-  root.querySelector(".bar > span").style.width = `${(100 * f).toFixed(1)}%`;
-  root.querySelector(".bar").setAttribute("aria-valuenow", String(Math.round(100 * f)));
-  const stats = search.stats || {};
-  const evaluated = live.evaluated != null ? live.evaluated : stats.evaluated;
-  const feasible = live.feasible != null ? live.feasible : stats.feasible;
-  root.querySelector(".progress-text").textContent = `${state} · ${pct(f, 0)}` +
-    (evaluated != null ? ` · ${num(evaluated)} layouts evaluated` : "") +
-    (feasible != null ? `, ${num(feasible)} fit` : "") +
-    (stats.seconds != null && done ? ` · ${num(stats.seconds, 2)} s` : "") +
-    (stats.pareto_size != null && done ? ` · Pareto front ${num(stats.pareto_size)}` : "");
-  const best = live.best;
+  const bar = root.querySelector(".bar");
+  bar.hidden = state === "failed";  // a failed search did not get "45% done": it has no plan at all
+  bar.querySelector("span").style.width = `${(100 * f).toFixed(1)}%`;
+  bar.setAttribute("aria-valuenow", String(Math.round(100 * f)));
+  let text;
+  if (state === "failed" || (state === "cancelled" && !v.feasible)) {
+    text = state + (v.rejected != null ? ` · ${num(v.rejected)} layouts rejected` : "") +
+      (v.evaluated ? ` (${num(v.evaluated)} passed the divisibility rules and were costed; none fits)` : "") +
+      (stats.seconds != null ? ` · ${secs(stats.seconds)}` : "");
+  } else {
+    text = `${state} · ${pct(f, 0)}` +
+      (v.evaluated != null ? ` · ${num(v.evaluated)} layouts evaluated` : "") +
+      (v.feasible != null ? `, ${num(v.feasible)} fit` : "") +
+      (stats.seconds != null && v.done ? ` · ${num(stats.seconds, 2)} s` : "") +
+      (stats.pareto_size != null && v.done ? ` · Pareto front ${num(stats.pareto_size)}` : "");
+  }
+  root.querySelector(".progress-text").textContent = text;
   const bestNode = root.querySelector(".best-so-far");
-  if (best && best.predicted) {
-    bestNode.textContent = `best so far: ${strategyText(best.strategy)} — ${num(best.predicted.tokens_per_s)} tokens/s, ` +
-      `step ${secs(best.predicted.step_time_s)}, ${formatGiB(best.predicted.memory_GiB_per_device.total, 1)}/device`;
-  }
-  const err = root.querySelector(".search-error");
-  const message = search.human_readable_error || stats.tightest || "";
-  err.textContent = done ? message : "";
+  const best = v.best;
+  bestNode.textContent = best && best.predicted
+    ? `best so far: ${strategyText(best.strategy)} — ${num(best.predicted.tokens_per_s)} tokens/s, ` +
+      `step ${secs(best.predicted.step_time_s)}, ${formatGiB(best.predicted.memory_GiB_per_device.total, 1)}/device`
+    : "";
   const rejected = root.querySelector(".rejected");
-  if (rejected && stats.rejected && done) {
-    rejected.textContent = "rejected: " + Object.entries(stats.rejected).map(([r, n]) => `${r}: ${num(n)}`).join("; ");
-  }
+  rejected.textContent = stats.rejected && v.done && Object.keys(stats.rejected).length
+    ? "rejected: " + Object.entries(stats.rejected).map(([r, n]) => `${r}: ${num(n)}`).join("; ") : "";
   const cancel = document.getElementById("cancel-search");
-  if (cancel && done) cancel.hidden = true;
+  if (cancel && v.done) cancel.hidden = true;
   root.dataset.ready = "1";
+  return v;
+}
+
+// A search that ended without a plan: the seven views and their controls go away, and one message says
+// why and what to change (the planner's tightest constraint names the change: a batch, nodes, TP/PP).
+function renderOutcome(data, hasPlan) {
+  const views = document.getElementById("viz-views");
+  const box = document.getElementById("search-outcome");
+  const s = data.search;
+  const noPlan = terminal(s.state) && !hasPlan;
+  if (views) views.hidden = noPlan;
+  if (!box) return;
+  box.hidden = !noPlan;
+  if (!noPlan) return;
+  const stats = s.stats || {};
+  const message = s.human_readable_error || stats.tightest ||
+    (s.state === "cancelled" ? "The search was cancelled before any layout was found to fit." : "The search found no plan.");
+  // the planner's tightest constraint ends with the change it suggests ("… — add nodes or raise TP/PP")
+  const [why, suggestion] = message.split(" — ");
+  const change = suggestion ? `What to change: ${suggestion}.`
+    : stats.tightest ? "What to change: unpin strategy fields, or pick a model or cluster whose shapes the rejections above allow."
+    : s.state === "cancelled" ? "Start the search again and let it finish." : "Retry the search; if it fails again, report it with the message above.";
+  box.querySelector(".outcome-message").textContent = why;
+  box.querySelector(".outcome-change").textContent = change;
+  box.dataset.state = s.state;
 }
 
 export function initSearchPage() {
@@ -119,10 +163,52 @@ export function initSearchPage() {
         `${num(p.tokens_per_s)} tokens/s · step ${secs(p.step_time_s)} · MFU ${pct(p.mfu)} · ` +
         `${formatGiB(p.memory_GiB_per_device.total, 1)}/device · bubble ${pct(p.bubble_fraction)} · ` +
         `exposed comm ${secs(p.exposed_comm_s)}` + (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),
-        plan.id ? h("span", {}, " · ", h("a", { href: data.urls.plan_page.replace("{id}", plan.id) }, "plan page")) : "");
+        h("br"), selectionActions(plan));
       selection.dataset.strategy = strategyText(plan.strategy);
+      selection.dataset.planId = plan.id || "";
     }
     status("");
+  }
+
+  // What can be done with the selected point: a stored plan opens and launches; a point the search did not
+  // store (most of the Pareto view: the page costed it just now) is saved first, into this search's team.
+  function selectionActions(plan) {
+    const actions = h("span", { class: "selection-actions inline" });
+    const launch = (stored) => h("button", { type: "button", class: "launch-selected", onclick: async (ev) => {
+      const button = ev.currentTarget;
+      button.disabled = true;
+      status("launching…");
+      const r = await postJSON(data.urls.launch, { name: stored.name || strategyText(stored.strategy), plan_id: stored.id,
+                                                   steps: 20, profile_every: 5 });
+      if (r.status === 201 && r.body && r.body.id != null) { location.assign(data.urls.job_page.replace("{id}", r.body.id)); return; }
+      button.disabled = false;
+      status(`launch refused: ${failureLines(r, "no answer").join("; ")}`, "error");
+    } }, "Launch");
+    const stored = (p) => [h("a", { href: data.urls.plan_page.replace("{id}", p.id), class: "open-selected" }, `Open plan #${p.id}`),
+                           launch(p)];
+    if (plan.id) { actions.append(...stored(plan)); return actions; }
+    if (plan.feasible === false) { actions.append(h("span", { class: "muted" }, "does not fit: nothing to save")); return actions; }
+    const save = h("button", { type: "button", class: "save-selected", onclick: async () => {
+      save.disabled = true;
+      status("saving…");
+      const r = await postJSON(data.urls.save_plan, { strategy: plan.strategy });
+      if (!r.ok || !r.body || r.body.id == null) {
+        save.disabled = false;
+        status(`not saved: ${failureLines(r, "no answer").join("; ")}`, "error");
+        return;
+      }
+      const saved = r.body;
+      if (!(data.plans || []).some((x) => x.id === saved.id)) {
+        data.plans = [...(data.plans || []), { ...saved, name: saved.name || strategyText(saved.strategy) }];
+        renderPlanTable();
+      }
+      plan.id = saved.id;
+      actions.replaceChildren(h("span", { class: "ok" }, `saved as plan #${saved.id}`), " · ", ...stored(saved));
+      selection.dataset.planId = saved.id;
+      status("");
+    } }, "Save as plan");
+    actions.append(save, h("span", { class: "muted" }, "not stored by the search: save it to open or launch it"));
+    return actions;
   }
 
   async function pick(strategy, label = "selected") {
@@ -272,12 +358,12 @@ export function initSearchPage() {
     renderPlanTable();
     renderSimilar();
     const best = bestPlan();
+    renderOutcome(data, Boolean(best));
     if (!best) {
+      if (terminal(data.search.state)) return;  // renderOutcome hid the views: one message says why
       for (const k of ["pareto", "memory", "steptime", "schedule", "placement", "diff", "whatif"]) {
-        if (views[k] && !views[k].dataset.ready) views[k].append(h("p", { class: "muted viz-wait" },
-          terminal(data.search.state) ? "No feasible plan: nothing to draw." : "Waiting for the search…"));
+        if (views[k] && !views[k].dataset.ready) views[k].append(h("p", { class: "muted viz-wait" }, "Waiting for the search…"));
       }
-      if (data.search.state === "succeeded") renderWhatIf();
       return;
     }
     const shown = best && data.visuals ? showSelection(best, data.visuals, "#1 (best)")
@@ -298,7 +384,7 @@ export function initSearchPage() {
       return;
     }
     data = r.body;
-    showState(data.search.state);
+    state.live = {};  // the search ended: from here on the page data is the only source
     await renderResults();
   }
 
@@ -321,19 +407,23 @@ export function initSearchPage() {
       const r = await getJSON(data.urls.search);
       if (!r.ok || finished) return;
       const s = r.body;
-      if (!state.live.fraction && s.progress) { state.live.fraction = s.progress; renderProgress(progress, data.search, state.live); }
-      if (terminal(s.state)) { state.live.state = s.state; finish(); }
+      if (terminal(s.state)) { state.live.state = s.state; finish(); return; }
+      state.live.state = s.state;
+      if (s.progress >= (state.live.fraction || 0)) state.live.fraction = s.progress;
+      renderProgress(progress, data.search, state.live);
     }
     client = new LiveClient({
       onEvent: (e) => {
+        if (finished) return;  // the page data has the last word once the search ended
         if (e.kind === "progress") {
           Object.assign(state.live, e.values || {});
+          state.live.state = "running";  // progress comes only from a running search
           window.__viz.progress.push(e.values && e.values.fraction);
           renderProgress(progress, data.search, state.live);
-        } else if (e.kind === "event" && e.values && terminal(e.values.state)) {
+        } else if (e.kind === "event" && e.values && e.values.state) {
           state.live.state = e.values.state;
           renderProgress(progress, data.search, state.live);
-          finish();
+          if (terminal(e.values.state)) finish();
         }
       },
       onStatus: (s) => {
@@ -377,7 +467,25 @@ export function initPlanPage() {
   if (measured) drawMeasured(measured, plan);
   renderJobs(document.getElementById("plan-jobs"), data);
   bindLaunch(document.getElementById("launch"), data);
+  bindScaleDown(document.getElementById("scale-down-form"), data);
   window.__viz = { data };
+}
+
+// "Launch a scaled-down version": POST /api/plans/<id>/scale-down/ stores the scaled plan and starts its job
+// (labelled "scaled-down from plan #N"); the page then follows the job.
+function bindScaleDown(form, data) {
+  if (!form) return;
+  const out = form.querySelector(".launch-errors");
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const button = form.querySelector("button[type=submit]");
+    button.disabled = true;
+    out.replaceChildren(h("li", { class: "muted" }, "storing the scaled-down plan and launching it…"));
+    const r = await postJSON(data.urls.scale_down, { steps: Number(new FormData(form).get("steps") || 20) });
+    if (r.status === 201 && r.body && r.body.job) { location.assign(r.body.job.url); return; }
+    button.disabled = false;
+    showErrorLines(out, failureLines(r, "scaled-down launch failed"));
+  });
 }
 
 function renderJobs(root, data) {

@@ -8,7 +8,8 @@
 // child, and the container gets data-ready="1" once drawn with data (the browser tests wait on it).
 import { PLOT_CONFIG } from "./charts.js";
 import {
-  MISSING, formatGiB, formatNumber as num, formatPercent as pct, formatSeconds as secs, h,
+  MISSING, formatGiB, formatNumber as num, formatPercent as pct, formatSeconds as secs, formatVsPredicted, h,
+  predictionCaveat,
 } from "./common.js";
 
 const Plotly = () => window.Plotly;
@@ -510,12 +511,20 @@ export function drawMeasured(container, plan) {
     return { path, name, d, pv, mv, err };
   }).filter((r) => r.pv != null || r.mv != null);
   container.querySelector(".measured-table")?.remove();
+  container.querySelector(".prediction-caveat")?.remove();
+  // measured / predicted as every page writes it (common.js formatVsPredicted)
   container.prepend(h("table", { class: "measured-table compact" },
-    h("thead", {}, h("tr", {}, ["", "predicted", "measured", "measured / predicted − 1"].map((t) => h("th", {}, t)))),
+    h("thead", {}, h("tr", {}, ["", "predicted", "measured", "measured / predicted"].map((t) => h("th", {}, t)))),
     h("tbody", {}, rows.map((r) => h("tr", { dataset: { field: r.path } }, h("th", {}, r.name),
       h("td", { class: "num" }, num(r.pv, r.d)), h("td", { class: "num" }, num(r.mv, r.d)),
-      h("td", { class: `num ${r.err != null && Math.abs(r.err) > 0.15 ? "bad" : ""}` },
-        pct(r.err, 1, { signed: true })))))));
+      h("td", { class: `num ${r.err != null && Math.abs(r.err) > 0.15 ? "bad" : ""}`,
+                dataset: r.err != null ? { value: 1 + r.err } : {} },
+        formatVsPredicted(r.mv, r.pv)))))));
+  const caveat = predictionCaveat(plan.predicted);
+  if (caveat) {
+    container.prepend(h("p", { class: "prediction-caveat", style: "background:#fff8e6;border-left:3px solid #9a6700;padding:.3rem .6rem" },
+      `Predicted figures ${caveat}: the planner used the shipped placeholder profile for this cpu, not one measured on it.`));
+  }
   const withBoth = rows.filter((r) => r.err != null);
   if (!withBoth.length) {
     note(container, plan.measured ? "The measurement holds none of the predicted figures." :

@@ -9,17 +9,28 @@ seconds (total and exposed, from the hook's timing), gradient bytes it sent, ste
 
 Methods (``workers.training.comm_methods.COMPARE_METHODS``): ``dense`` is plain DDP through torch's all-reduce hook (wrapped only for timing),
 so its bytes and comm times are measured the same way as the others'.
+
+Progress and cancel: each rank runs ``python -m workers.training.comm.compare`` (this module's
+:func:`rank_main`, the runtime's entry point plus one thing): rank 0 appends each step's ``train`` figures
+to a JSON-lines file (:class:`StepFile`), which :func:`run_on_network` reads while it waits, so
+``compare_methods(step_progress=...)`` reports which method runs, its step k of n and an ETA from the
+measured step times; ``should_stop()`` is polled between reads and stops the running method's process
+groups (SIGTERM, then SIGKILL) before the network namespaces are torn down (:class:`ComparisonCancelled`
+carries the rows measured so far). :func:`recommend` picks the method for the link from the rows.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +43,55 @@ DEFAULT_MODEL = EXAMPLES / "comm-20m.json"
 
 
 TOPK_CLIP_NORM = 0.25
+# how often the parent reads rank 0's step file and asks whether to stop
+POLL_S = 0.5
+# the loss a method may add over dense and still be recommended (relative, on the mean of the last 10 steps)
+LOSS_TOLERANCE = 0.02
+
+
+class ComparisonCancelled(Exception):  # noqa: N818 - an outcome the caller asked for, not an error
+    """``should_stop()`` said stop: the running method's processes were stopped. ``partial`` holds the
+    comparison with the methods that finished before."""
+
+    def __init__(self, partial: Comparison | None = None, method: str | None = None):
+        super().__init__(f"cancelled{f' during {method}' if method else ''}")
+        self.partial = partial
+        self.method = method
+
+
+class StepFile:
+    """Rank 0's per-step ``train`` figures as JSON lines in a file, in place of the runtime's Redis
+    publisher (a comparison run is no job: its parent process reads the file). Same interface as
+    ``workers.training.metrics.EventPublisher``; one short line per step, flushed."""
+
+    submit_seconds = 0.0
+    published = 0
+    errors = 0
+
+    def __init__(self, path: str | Path):
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 -- closed by close()
+
+    def submit(self, kind: str, values: dict, step: int | None = None) -> None:
+        if kind != "train" or self._file.closed:
+            return
+        keep = ("loss", "step_time_s", "comm_s_total", "comm_s_exposed", "comm_bytes")
+        self._file.write(json.dumps({"step": step, **{k: values[k] for k in keep if k in values}}) + "\n")
+        self.published += 1
+
+    def close(self, timeout: float = 0.0) -> None:
+        self._file.close()
+
+
+def read_steps(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The whole lines a step file gained after byte ``offset``, parsed, and the new offset."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end
 
 
 def method_hook(method: str, *, ranks_per_node: int, density: float, warmup_steps: int = 0) -> str:
@@ -64,7 +124,11 @@ class Comparison:
     methods: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"network": self.network, "model": self.model, "setup": self.setup, "methods": self.methods}
+        """The ``--json`` document, with the :func:`recommend`-ation for the link when a method ran."""
+        out = {"network": self.network, "model": self.model, "setup": self.setup, "methods": self.methods}
+        if self.methods:
+            out["recommendation"] = recommend(self.methods)
+        return out
 
 
 def job_config(
@@ -106,19 +170,40 @@ def job_config(
 
 
 def run_on_network(
-    net: netem.TwoTierNetwork, cfg, ranks_per_node: int, *, timeout: float = 900, log_path: Path | None = None
+    net: netem.TwoTierNetwork,
+    cfg,
+    ranks_per_node: int,
+    *,
+    timeout: float = 900,
+    log_path: Path | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run ``cfg`` with ``ranks_per_node`` ranks in each node of ``net``; returns rank 0's summary. Raises
-    ``RuntimeError`` with the log tail if a node fails or the run exceeds ``timeout`` seconds."""
+    ``RuntimeError`` with the log tail if a node fails or the run exceeds ``timeout`` seconds.
+
+    ``on_step(figures)`` gets rank 0's figures of each step as it ends (``step``, ``step_time_s``, ``loss``,
+    ...); ``should_stop()`` is asked every ``POLL_S``: when it says so, every node's process group is
+    stopped (SIGTERM, then SIGKILL after a grace period) and :class:`ComparisonCancelled` is raised."""
     from workers.training.launch import render_torchrun_command, torchrun_env
+    from workers.training.supervisor import stop_groups
 
     nnodes = len(net.node_list)
     with tempfile.TemporaryDirectory(prefix="comm-opt-") as tmp:
         config_path, summary_path = Path(tmp) / "job.json", Path(tmp) / "summary.json"
+        steps_path = Path(tmp) / "steps.jsonl"
         cfg.save(config_path)
         endpoint = f"{net.node_list[0].address}:{29400 + os.getpid() % 500}"
         run_id = uuid.uuid4().hex[:12]
         procs, logs = [], []
+        failed, cancelled, offset = None, False, 0
+
+        def report_steps() -> None:
+            nonlocal offset
+            rows, offset = read_steps(steps_path, offset)
+            for row in rows if on_step is not None else ():
+                on_step(row)
+
         try:
             for node in net.node_list:
                 cmd = render_torchrun_command(
@@ -137,31 +222,44 @@ def run_on_network(
                     f"--local-addr={node.address}",
                     f"--rdzv-conf=is_host={str(node.index == 0).lower()},join_timeout=120",
                 ]
+                # every rank runs this module's rank_main: the runtime, plus rank 0's step file (global rank 0
+                # may land on any node's agent, so every node is told where it goes)
+                cmd[cmd.index("workers.training.run")] = "workers.training.comm.compare"
+                cmd += ["--steps-file", str(steps_path)]
                 env = torchrun_env()
                 env["OMP_NUM_THREADS"] = "1"
                 log = Path(tmp) / f"node{node.index}.log"
                 logs.append(log)
                 out = open(log, "w")  # noqa: SIM115 -- closed below, after the process ends
-                procs.append((net.popen(node.index, cmd, env, stdout=out, stderr=subprocess.STDOUT), out))
+                # its own session: a cancel or a failure stops the agent and its ranks as one process group
+                proc = net.popen(
+                    node.index, cmd, env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+                procs.append((proc, out))
             deadline = time.monotonic() + timeout
-            failed = None
-            for proc, _ in procs:
-                try:
-                    rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
+            while True:
+                codes = [proc.poll() for proc, _ in procs]
+                report_steps()
+                if any(c not in (None, 0) for c in codes):
+                    failed = f"a node's torchrun exited with {next(c for c in codes if c not in (None, 0))}"
+                    break
+                if all(c == 0 for c in codes):
+                    break
+                if should_stop is not None and should_stop():
+                    cancelled = True
+                    break
+                if time.monotonic() > deadline:
                     failed = f"stopped after {timeout:.0f} s"
                     break
-                if rc != 0:
-                    failed = f"a node's torchrun exited with {rc}"
-                    break
+                time.sleep(POLL_S)
         finally:
-            for proc, out in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=30)
+            stop_groups([proc for proc, _ in procs], grace_s=5.0)
+            for _, out in procs:
                 out.close()
             if log_path is not None:
                 log_path.write_text("".join(f"== {p.name}\n{p.read_text(errors='replace')}" for p in logs))
+        if cancelled:
+            raise ComparisonCancelled()
         if failed or not summary_path.exists():
             tails = "\n".join(_tail(p) for p in logs)
             raise RuntimeError(f"{failed or 'no summary written'}\n{tails}")
@@ -212,10 +310,15 @@ def compare_methods(
     timeout: float = 900,
     measure_link: bool = True,
     progress=None,
+    step_progress: Callable[[dict], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
     net: netem.TwoTierNetwork | None = None,
 ) -> Comparison:
     """Train ``model`` under each method on an emulated ``nodes`` x ``ranks_per_node`` network (or the
-    given ``net``) and collect rank 0's figures. ``progress(method, row)`` is called after each."""
+    given ``net``) and collect rank 0's figures. ``progress(method, row)`` is called after each method;
+    ``step_progress(state)`` when a method starts (step 0) and after each of its steps, with
+    ``{method, index, methods, step, steps, step_time_s, elapsed_s, eta_s}`` (:class:`Eta`);
+    ``should_stop()`` cancels (:class:`ComparisonCancelled`, with the methods done so far)."""
     from workers.training.config import parse_model
     from workers.training.model import num_params
 
@@ -227,6 +330,9 @@ def compare_methods(
     net = net or netem.TwoTierNetwork(nodes=nodes, inter_node_gbit=inter_node_gbit)
     if own:
         net.__enter__()
+    eta = Eta(methods=list(methods), steps=steps)
+    result = None
+    method = None
     try:
         goodput = net.measure_gbit(0, 1, megabytes=16) if measure_link and nodes > 1 else None
         result = Comparison(
@@ -250,6 +356,8 @@ def compare_methods(
             },
         )
         for method in methods:
+            if should_stop is not None and should_stop():
+                raise ComparisonCancelled()
             hook = method_hook(
                 method, ranks_per_node=ranks_per_node, density=density, warmup_steps=warmup_steps
             )
@@ -263,18 +371,143 @@ def compare_methods(
                 bucket_cap_mb=bucket_cap_mb,
                 lr=lr,
             )
+            eta.start(method)
+            if step_progress is not None:
+                step_progress(eta.state())
+
+            def on_step(figures: dict) -> None:
+                eta.step(figures)
+                if step_progress is not None:
+                    step_progress(eta.state())
+
             t0 = time.monotonic()
-            row = method_row(run_on_network(net, cfg, ranks_per_node, timeout=timeout))
+            summary = run_on_network(
+                net, cfg, ranks_per_node, timeout=timeout, on_step=on_step, should_stop=should_stop
+            )
+            row = method_row(summary)
             row["wall_s"] = round(time.monotonic() - t0, 1)
+            eta.finish(row)
             result.methods[method] = row
             if progress is not None:
                 progress(method, row)
         result.setup["bucket_cap_mb"] = next(iter(result.methods.values()), {}).get("bucket_cap_mb")
         add_ratios(result.methods)
         return result
+    except ComparisonCancelled as exc:
+        if result is not None:
+            add_ratios(result.methods)
+        exc.partial, exc.method = result, method
+        raise
     finally:
         if own:
             net.close()
+
+
+class Eta:
+    """How far a comparison is and how long it will still take, from what it measured so far.
+
+    A method's remaining steps take its own median step time once it has one (else the median over every
+    step measured so far); a method not started yet takes ``steps`` times that median plus the overhead of
+    a method run measured so far (its wall time minus its steps: process start, rendezvous, model build,
+    teardown; before any method finished, the time to the first step). No estimate (``eta_s`` None) before
+    the first step of the comparison."""
+
+    def __init__(self, methods: list[str], steps: int, clock: Callable[[], float] = time.monotonic):
+        self.methods, self.steps, self.clock = methods, steps, clock
+        self.started = clock()
+        self.method: str | None = None
+        self.index = -1
+        self.method_started = self.started
+        self.step_no = 0
+        self.current: list[float] = []
+        self.all_steps: list[float] = []
+        self.startups: list[float] = []  # time from a method's start to the end of its first step's setup
+        self.overheads: list[float] = []  # wall time minus step times, per finished method
+
+    def start(self, method: str) -> None:
+        self.method, self.index = method, self.methods.index(method)
+        self.method_started, self.step_no, self.current = self.clock(), 0, []
+
+    def step(self, figures: dict) -> None:
+        t = float(figures.get("step_time_s") or 0.0)
+        if not self.current:
+            self.startups.append(max(0.0, self.clock() - self.method_started - t))
+        self.step_no = int(figures.get("step") or self.step_no + 1)
+        self.current.append(t)
+        self.all_steps.append(t)
+
+    def finish(self, row: dict | None = None) -> None:
+        self.step_no = self.steps
+        self.overheads.append(max(0.0, self.clock() - self.method_started - sum(self.current)))
+
+    def eta_s(self) -> float | None:
+        if not self.all_steps:
+            return None
+        typical = statistics.median(self.all_steps)
+        own = statistics.median(self.current) if self.current else typical
+        startup = statistics.mean(self.startups)
+        overhead = statistics.mean(self.overheads) if self.overheads else startup
+        in_method = self.clock() - self.method_started
+        if self.current:  # what is left of this method: its steps, then its teardown
+            left_here = max(0, self.steps - self.step_no) * own + max(0.0, overhead - startup)
+        else:
+            left_here = max(0.0, overhead - in_method) + self.steps * own
+        later = len(self.methods) - self.index - 1
+        return round(left_here + later * (overhead + self.steps * typical), 1)
+
+    def state(self) -> dict:
+        done = (self.index + self.step_no / max(1, self.steps)) / max(1, len(self.methods))
+        return {
+            "method": self.method,
+            "index": self.index,
+            "methods": self.methods,
+            "step": self.step_no,
+            "steps": self.steps,
+            "step_time_s": round(self.current[-1], 4) if self.current else None,
+            "elapsed_s": round(self.clock() - self.started, 1),
+            "eta_s": self.eta_s(),
+            "fraction": round(done, 4),
+        }
+
+
+def recommend(rows: dict[str, dict], *, loss_tolerance: float = LOSS_TOLERANCE) -> dict:
+    """Which method to use on this link, and why, from the measured rows: the fastest step time among the
+    methods whose loss (mean of the last 10 steps) is at most ``loss_tolerance`` above dense's. Dense is
+    the baseline and always qualifies; without a dense row nothing can be judged.
+
+    Returns ``{"method", "reason", "loss_tolerance", "excluded": {method: why}}`` (``method`` None when
+    there is no dense row)."""
+    dense = rows.get("dense")
+    out: dict = {"method": None, "reason": "", "loss_tolerance": loss_tolerance, "excluded": {}}
+    if not dense:
+        out["reason"] = "no dense run to compare against: include dense in the methods"
+        return out
+    base_loss, base_step = dense["loss_avg_last10"], dense["step_time_s"]
+    ok = {}
+    for name, row in rows.items():
+        rel = (row["loss_avg_last10"] - base_loss) / base_loss
+        if rel > loss_tolerance:
+            out["excluded"][name] = f"loss {rel:+.1%} vs dense (over the {loss_tolerance:.0%} tolerance)"
+        else:
+            ok[name] = rel
+    best = min(ok, key=lambda m: rows[m]["step_time_s"])
+    row = rows[best]
+    speedup = round(base_step / row["step_time_s"], 3)  # as add_ratios rounds it: the table says the same
+    if best == "dense":
+        out["reason"] = (
+            f"no method within {loss_tolerance:.0%} of dense's loss steps faster than dense "
+            f"({base_step:.3f} s/step) on this link: compression does not pay here"
+        )
+    else:
+        reduction = dense["bytes_per_rank_per_step"] / max(1, row["bytes_per_rank_per_step"])
+        out["reason"] = (
+            f"fastest step within {loss_tolerance:.0%} of dense's loss: {row['step_time_s']:.3f} s vs "
+            f"{base_step:.3f} s ({speedup:.2f}× dense), {reduction:.1f}× fewer bytes per step, "
+            f"loss {ok[best]:+.1%} vs dense"
+        )
+    out["method"] = best
+    out["speedup_vs_dense"] = speedup
+    return out
 
 
 def add_ratios(rows: dict[str, dict]) -> None:
@@ -327,4 +560,47 @@ def format_table(c: Comparison) -> str:
         "comm: sum over buckets of hook->done (total) and the part not hidden under backward (exposed); "
         "loss*: mean of the last 10 steps (hierarchical: bytes crossing nodes; intra-node via shared memory)."
     )
+    if c.methods:
+        rec = recommend(c.methods)
+        lines.append(
+            f"recommended for this link: {rec['method']} — {rec['reason']}"
+            if rec["method"]
+            else f"no recommendation: {rec['reason']}"
+        )
     return "\n".join(lines)
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """One rank of a comparison run (started by torchrun): the runtime's ``workers.training.run``, with rank
+    0's per-step figures appended to ``--steps-file`` for the parent to follow."""
+    from workers.training import device as device_mod
+
+    device_mod.prepare_environment()  # before torch is imported, as workers.training.run does
+    parser = argparse.ArgumentParser(prog="python -m workers.training.comm.compare")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--summary")
+    parser.add_argument("--steps-file")
+    args = parser.parse_args(argv)
+
+    from workers.training.config import JobConfig
+    from workers.training.trainer import Trainer, env_rank
+
+    cfg = JobConfig.load(args.config)
+    rank, world_size, local_rank = env_rank()
+    trainer = Trainer(cfg, rank=rank, world_size=world_size, local_rank=local_rank)
+    if rank == 0 and args.steps_file:
+        trainer.publisher = StepFile(args.steps_file)
+    try:
+        summary = trainer.train()
+    except BaseException:
+        trainer.close(succeeded=False)
+        raise
+    if rank == 0 and args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f)
+    trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main())

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand
 from controlplane.accounts.services import demo_setup
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.services import job_create
+from workers.planner.examples import small_example
 from workers.training.examples import example
 
 
@@ -25,7 +26,9 @@ class Command(BaseCommand):
 
         user, password = demo_setup()
         team = user.teams.first()
-        if not StoredModelSpec.objects.filter(team=team).exists():
+        # the small example (tiny-gpt on this-machine-cpu) is how a new user gets from a search to a job
+        # that runs here: a demo team seeded before it shipped gets it too
+        if not StoredModelSpec.objects.filter(team=team, name=small_example()["model"]["name"]).exists():
             seed_knowledge_base(team=team)
         if not TrainingJob.objects.filter(team=team).exists():
             # a real run: a tiny GPT on 2 CPU ranks (data parallel), queued now, trained by the worker that
@@ -61,4 +64,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  log in as {user.username} (reset: python manage.py changepassword {user.username})"
             )
+        self.stdout.write(
+            '  try it: Planner → "Use the example that runs here" (tiny-gpt on this-machine-cpu) → Search →'
+            " open the best plan → Launch"
+        )
         self.stdout.write(line)

@@ -7,10 +7,23 @@ class Command(BaseCommand):
     help = "Run the live-event relay: Redis streams -> database + Channels groups."
 
     def handle(self, *args, **options):
-        from controlplane.jobs.services import reap_orphans
+        from controlplane.jobs.comparisons import reap_stalled_comparisons
+        from controlplane.jobs.services import job_progress_from_events, reap_orphans
+        from controlplane.live.services import publish_pending_events
+        from controlplane.planning.services import requeue_stalled_searches
 
-        # the relay is always running, so it also fails jobs whose supervising worker died
-        relay = Relay(periodic=[(5.0, reap_orphans)])
+        # the relay is always running, so it also fails jobs whose supervising worker died, runs again the
+        # searches whose worker died, publishes the events kept while Redis was away, and keeps each
+        # running job's progress from its train events
+        relay = Relay(
+            periodic=[
+                (5.0, reap_orphans),
+                (5.0, requeue_stalled_searches),
+                (5.0, reap_stalled_comparisons),
+                (2.0, publish_pending_events),
+            ],
+            on_stored=[job_progress_from_events],
+        )
         try:
             relay.run_forever()
         except KeyboardInterrupt:

@@ -1,0 +1,96 @@
+"""The API's parsers and renderers: JSON and YAML in, JSON and YAML out, hardened against what a hostile
+or broken client sends (nesting thousands deep, Python object tags, error bodies YAML cannot represent).
+
+Why not the stock classes alone: DRF's JSONParser lets a RecursionError through (a 500), and
+djangorestframework-yaml catches only ``ParserError`` (a constructor or scanner error is a 500) and its
+SafeDumper cannot represent DRF's ``ErrorDetail`` (every error answer asked for as YAML was a 500).
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from django.conf import settings
+from rest_framework.exceptions import ErrorDetail, ParseError
+from rest_framework.parsers import JSONParser
+from rest_framework_yaml.encoders import SafeDumper
+from rest_framework_yaml.parsers import YAMLParser
+from rest_framework_yaml.renderers import YAMLRenderer
+
+# The contract documents nest four levels at most (cluster.tiers[i].name); 32 leaves room for any request.
+MAX_DEPTH = 32
+
+
+def _too_deep(data, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``data`` nests lists/objects deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
+def _depth_error() -> ParseError:
+    return ParseError(f"The document nests deeper than {MAX_DEPTH} levels; no contract document does.")
+
+
+class SafeJSONParser(JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise _depth_error() from None
+        if _too_deep(data):
+            raise _depth_error()
+        return data
+
+
+class SafeYAMLParser(YAMLParser):
+    """``yaml.safe_load`` with every YAML error a 400 (a ``!!python/...`` tag is refused, never built) and
+    the nesting depth checked on the event stream before anything is built."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            text = stream.read().decode(encoding)
+            depth = 0
+            for event in yaml.parse(text, Loader=yaml.SafeLoader):
+                if isinstance(event, yaml.CollectionStartEvent):
+                    depth += 1
+                    if depth > MAX_DEPTH:
+                        raise _depth_error()
+                elif isinstance(event, yaml.CollectionEndEvent):
+                    depth -= 1
+            return yaml.safe_load(text)
+        except ParseError:
+            raise
+        except yaml.YAMLError as exc:
+            raise ParseError(f"YAML parse error: {str(exc)[:500]}") from None
+        except (ValueError, RecursionError) as exc:
+            raise ParseError(f"Could not read the YAML body: {str(exc)[:200]}") from None
+
+
+class _ApiDumper(SafeDumper):
+    """SafeDumper that writes DRF's ErrorDetail (a str subclass) as the plain string it is."""
+
+
+_ApiDumper.add_representer(ErrorDetail, lambda dumper, value: dumper.represent_str(str(value)))
+# any other str or int subclass too: a model's TextChoices value (``JobState.QUEUED`` in a view's dict) was a
+# RepresenterError, a 500, in YAML only
+_ApiDumper.add_multi_representer(str, lambda dumper, value: dumper.represent_str(str(value)))
+_ApiDumper.add_multi_representer(int, lambda dumper, value: dumper.represent_int(int(value)))
+# a string that YAML 1.2 reads as a number (a token prefix "138007e8" is 1.38e13 there, though PyYAML's YAML
+# 1.1 reads a string) is written quoted, so every YAML reader gets the string back
+_ApiDumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+class SafeYAMLRenderer(YAMLRenderer):
+    encoder = _ApiDumper
