@@ -48,6 +48,18 @@ def register(subparsers) -> None:
     run.add_argument("--job-id", default=os.environ.get("CANN_TRAIN_JOB_ID"), help="publish to job/<id>")
     run.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
+    snap = p.add_argument_group("snapshots (asynchronous, incremental; docs/elastic.md)")
+    snap.add_argument("--snapshot-every", type=int, help="snapshot every K optimizer steps (0: never)")
+    snap.add_argument("--snapshot-dir", help="the run's snapshot directory (required with the two flags)")
+    snap.add_argument(
+        "--snapshot-full-every", type=int, help="a full snapshot every M, deltas in between (default 4)"
+    )
+    snap.add_argument("--snapshot-keep", type=int, help="snapshots to keep (default 3)")
+    snap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest good snapshot in --snapshot-dir (from step 0 if there is none)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=train_command)
 
@@ -81,6 +93,11 @@ def build_job_config(args: argparse.Namespace):
         if getattr(args, flag) is not None:
             config[key] = getattr(args, flag)
     config["profile_every"] = args.profile_every
+    for flag in ("snapshot_every", "snapshot_dir", "snapshot_full_every", "snapshot_keep"):
+        if getattr(args, flag, None) is not None:
+            config[flag] = getattr(args, flag)
+    if getattr(args, "resume", False):
+        config["resume"] = True
     config["comm_hook"] = args.comm_hook
     if args.job_id and args.redis_url:
         config["job_id"], config["redis_url"] = str(args.job_id), args.redis_url
@@ -144,6 +161,24 @@ def format_summary(s: dict) -> str:
     rows.append(f"  memory        {s['memory_GiB']:.2f} GiB (rank 0 peak)")
     if s.get("expert_load"):
         rows.append("  expert load   " + " ".join(f"{v:.2f}" for v in s["expert_load"]))
+    resumed = s.get("resumed")
+    if resumed:
+        skipped = "".join(f"; skipped {k['name']} ({k['reason']})" for k in resumed["skipped"])
+        rows.append(
+            f"  resumed       from {resumed['from']} (step {resumed['step']}){skipped}"
+            if resumed["from"]
+            else f"  resumed       nothing usable, started from scratch{skipped}"
+        )
+    if s.get("snapshots"):
+        snaps = s["snapshots"]
+        full = [r["bytes_written"] for r in snaps if r["kind"] == "full" and r["bytes_written"]]
+        delta = [r["bytes_written"] for r in snaps if r["kind"] == "delta" and r["bytes_written"]]
+        sizes = f"full {max(full) / 1e6:.2f} MB" if full else ""
+        if delta:
+            sizes += f", delta {sorted(delta)[len(delta) // 2] / 1e6:.2f} MB (median)"
+        rows.append(
+            f"  snapshots     {len(snaps)} ({sizes}), stall {s['snapshot_stall_s_median'] * 1000:.1f} ms median"
+        )
     return "\n".join(rows)
 
 

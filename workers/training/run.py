@@ -3,14 +3,18 @@
     torchrun ... -m workers.training.run --config job.json [--summary out.json]
 
 Reads the job config (``JobConfig`` JSON), trains, and on rank 0 writes the summary JSON where asked.
-Never imports Django; talks to Redis only (when the config names a job and a Redis URL).
+Never imports Django; talks to Redis only (when the config names a job and a Redis URL). The control plane
+adds ``attempt`` (which launch of the job this run is) beside the config: it labels every event the run
+publishes, and is not a training setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 
 from workers.training import device as device_mod
 
@@ -23,16 +27,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", help="rank 0 writes the run summary JSON here")
     args = parser.parse_args(argv)
 
-    from workers.training.config import JobConfig
+    from workers.training.config import ConfigError, JobConfig, read_json
     from workers.training.trainer import Trainer, env_rank
 
-    cfg = JobConfig.load(args.config)
+    doc = read_json(args.config, "config")
+    attempt = doc.pop("attempt", 1) if isinstance(doc, dict) else 1
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ConfigError("attempt", f"must be a whole number >= 1, got {attempt!r}")
+    cfg = JobConfig.from_dict(doc)
     rank, world_size, local_rank = env_rank()
-    trainer = Trainer(cfg, rank=rank, world_size=world_size, local_rank=local_rank)
+    trainer = Trainer(cfg, rank=rank, world_size=world_size, local_rank=local_rank, attempt=attempt)
     try:
         summary = trainer.train()
     except BaseException:
         trainer.close(succeeded=False)
+        if trainer.snapshots is not None and trainer.snapshots.in_flight:
+            # the snapshot writer thread may wait on peers that wait on us: exit now instead of joining it
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
         raise
     if rank == 0 and args.summary:  # before the teardown: the results are out whatever happens there
         with open(args.summary, "w") as f:

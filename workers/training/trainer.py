@@ -1,9 +1,11 @@
 """The training loop. Built from small components (device, model, data, parallelize, metrics) like
 torchtitan's ``Trainer``; ``train()`` is: maybe resume -> ``train_step`` per step -> publish figures.
 
-Training state that a checkpoint needs is exposed by :meth:`Trainer.state_dict` (model parts, optimizer,
-data position, step); the checkpoint component will save/load it (``start_step`` already resumes the
-data order)."""
+Snapshots (``snapshot_every``, ``resume``): :meth:`Trainer.snapshot_state` is everything needed to continue
+bit for bit, in the layout this rank holds it (model and optimizer through DCP's ``get_state_dict``, so
+FSDP2/TP DTensors stay sharded; step, data position and LR schedule; this rank's RNG streams and comm-hook
+residuals), and :meth:`Trainer.restore_state` puts it back; ``workers.training.checkpoint`` stages, writes,
+verifies and reshards it. :meth:`Trainer.state_dict` is the same state for an in-memory copy."""
 
 from __future__ import annotations
 
@@ -15,14 +17,27 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.training import device as device_mod
+from workers.training import system_metrics
+from workers.training.checkpoint import SnapshotManager, SnapshotRecord
+from workers.training.checkpoint.state import (
+    capture_rng,
+    pack_tensors,
+    restore_rng,
+    state_module,
+    suffix_keys,
+    unpack_tensors,
+    unsuffix_keys,
+)
 from workers.training.config import JobConfig
 from workers.training.data import ShardedTokenLoader, TokenCorpus
 from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
@@ -37,6 +52,13 @@ from workers.training.parallelize import (
 )
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LOG_EVERY_S = 2.0
+"""Rank 0 prints a progress line at most this often (and for the first and last step): the job's log."""
+SNAPSHOT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+"""Optimizer state keyed ``state.<fqn>.<name>`` / ``param_groups.<fqn>.<name>``: pipeline stages' entries
+never collide, and a snapshot loads on another layout by parameter name."""
+SNAPSHOT_GROUP_TIMEOUT = timedelta(minutes=10)
+"""Timeout of the snapshot process group's collectives (planning, the final gather of write results)."""
 
 
 @dataclass
@@ -52,6 +74,8 @@ class StepResult:
     comm: dict | None = None
     """This rank's DDP comm-hook figures of the step (``comm_s_total``, ``comm_s_exposed``, ``comm_bytes``)
     when a hook is active."""
+    snapshot_stall_s: float | None = None
+    """Training-thread seconds a snapshot taken after this step cost (staging), not in ``step_time_s``."""
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:
@@ -64,8 +88,12 @@ def lr_at(step: int, cfg: JobConfig) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, *, rank: int = 0, world_size: int = 1, local_rank: int = 0):
+    def __init__(
+        self, cfg: JobConfig, *, rank: int = 0, world_size: int = 1, local_rank: int = 0, attempt: int = 1
+    ):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.attempt = attempt
+        """Which launch of the job this run is: every published event says it (``attempt``)."""
         if cfg.world_size != world_size:
             raise ValueError(
                 f"strategy needs tp*pp*dp*cp = {cfg.world_size} processes, torchrun started {world_size}"
@@ -128,6 +156,26 @@ class Trainer:
         self.publish_seconds = 0.0
         """Training-thread time spent building and handing over ``train`` events (the overhead bench)."""
         self.history: list[StepResult] = []
+        self._state_module = state_module(self.pm.raw_parts)
+        self._expert_fqns, self._expert_suffix = self._per_rank_chunks()
+        self.resumed: dict | None = None
+        """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
+        self.snapshot_prepare_s = 0.0
+        self.snapshots: SnapshotManager | None = None
+        if cfg.snapshot_every or cfg.resume:
+            # a gloo group of its own: DCP's planning collectives run in the writer thread, on CPU tensors,
+            # and never queue behind (or between) the training collectives of the default group
+            group = dist.new_group(backend="gloo", timeout=SNAPSHOT_GROUP_TIMEOUT)
+            self.snapshots = SnapshotManager(
+                cfg.snapshot_dir,
+                rank=rank,
+                world_size=world_size,
+                process_group=group,
+                full_every=cfg.snapshot_full_every,
+                keep=cfg.snapshot_keep,
+                layout=self.layout(),
+                log=self._print,
+            )
 
     # ------------------------------------------------------------------------------------------- a step
 
@@ -287,7 +335,17 @@ class Trainer:
     def train(self) -> dict:
         cfg, pm = self.cfg, self.pm
         bubble = pipeline_bubble_fraction(pm.dims.pp, cfg.strategy.vpp, cfg.num_microbatches)
-        self.publisher.submit("event", self._started_values(), step=self.step)
+        if cfg.resume:
+            self.resume()
+        first = self.step + 1
+        started = self._started_values()
+        self.publisher.submit("event", started, step=self.step)
+        self._print(
+            f"attempt {self.attempt}: {started['world_size']} rank(s) · {started['strategy']} · "
+            f"{started['device']}/{started['backend']} · {started['model']} ({started['params']:,} parameters) · "
+            f"steps {first}-{cfg.start_step + cfg.steps}"
+        )
+        last_print = 0.0
         try:
             end = cfg.start_step + cfg.steps
             while self.step < end:
@@ -301,23 +359,53 @@ class Trainer:
                 result.step_time_s = time.perf_counter() - t0
                 result.profiled = bool(profile_now)
                 self.history.append(result)
+                if self.snapshots is not None:
+                    self._snapshot_after(result)
+                # every rank: a gather of memory / CPU figures every few steps (rank 0 gets {"ranks": [...]})
+                ranks = system_metrics.rank_values(result.step, self.device)
                 if self.rank == 0 and not isinstance(self.publisher, NullPublisher):
                     t_pub = time.perf_counter()
-                    self.publisher.submit("train", self._train_values(result, bubble), step=result.step)
+                    values = self._train_values(result, bubble) | ranks
+                    self.publisher.submit("train", values, step=result.step)
                     self.publish_seconds += time.perf_counter() - t_pub
+                now = time.monotonic()
+                if now - last_print >= LOG_EVERY_S or result.step in (first, end):
+                    last_print = now
+                    self._print(self._step_line(result, end))
         except Exception as exc:
-            self.publisher.submit("event", {"state": "failed", "message": f"{type(exc).__name__}: {exc}"})
+            self.publisher.submit(
+                "event",
+                {"state": "failed", "attempt": self.attempt, "message": f"{type(exc).__name__}: {exc}"},
+            )
             self.publisher.close()
             raise
+        if self.snapshots is not None:
+            self.snapshots.wait()  # the last snapshot published before the run says it finished
         summary = self.summary()
-        self.publisher.submit("event", {"state": "finished", **summary}, step=self.step)
+        self.publisher.submit(
+            "event", {"state": "finished", "attempt": self.attempt, **summary}, step=self.step
+        )
         self.publisher.close()
         return summary
+
+    def _print(self, line: str) -> None:
+        """A line of the job's log (rank 0 only; the node supervisor streams it to the job page)."""
+        if self.rank == 0:
+            print(line, flush=True)
+
+    def _step_line(self, r: StepResult, end: int) -> str:
+        tokens_per_s = self.tokens_per_step / r.step_time_s if r.step_time_s else 0.0
+        return (
+            f"step {r.step}/{end} · loss {r.loss:.4f} · {r.step_time_s * 1000:.1f} ms · "
+            f"{tokens_per_s:,.0f} tokens/s · grad norm {r.grad_norm:.3f}"
+            + (" · profiled (slowed by the profiler)" if r.profiled else "")
+        )
 
     def _started_values(self) -> dict:
         cfg = self.cfg
         return {
             "state": "started",
+            "attempt": self.attempt,
             "world_size": self.world_size,
             "strategy": cfg.strategy.short_name(),
             "device": self.device_choice.kind,
@@ -335,6 +423,7 @@ class Trainer:
         tokens_per_s = self.tokens_per_step / r.step_time_s
         tflops = self.flops_per_token * tokens_per_s / self.world_size / 1e12
         values = {
+            "attempt": self.attempt,
             "loss": round(r.loss, 6),
             "tokens_per_s": round(tokens_per_s, 2),
             "step_time_s": round(r.step_time_s, 6),
@@ -344,8 +433,8 @@ class Trainer:
             "lr": r.lr,
             "tflops": round(tflops, 6),
         }
-        if r.profiled:
-            values["profiled"] = True  # this step ran under the profiler: its step time is inflated
+        if r.profiled:  # this step ran under the profiler: its step time is inflated, its tokens/s deflated
+            values["profiled"] = True
         if self.cfg.peak_tflops:
             values["mfu"] = round(tflops / self.cfg.peak_tflops, 5)
         if self.last_split is not None:  # from the latest profiled step (profile_every)
@@ -401,6 +490,7 @@ class Trainer:
         if isinstance(self.publisher, EventPublisher):
             out["publish_s"] = self.publish_seconds
         out["bucket_cap_mb"] = self.pm.bucket_cap_mb
+        out.update(self._snapshot_summary())
         if self.cfg.comm_hook:
             out["comm_hook"] = self.cfg.comm_hook
         measured = [r.comm for r in steady if r.comm is not None]
@@ -450,6 +540,173 @@ class Trainer:
         for st, hook_state in zip(self.pm.comm_states, hook_states or [], strict=True):
             st.load_state_dict(hook_state)
 
+    # ------------------------------------------------------------------------------------------ snapshots
+
+    def layout(self) -> dict:
+        """What decides whether a rank's own entries (RNG streams, comm-hook residuals) of a snapshot fit
+        this run: the same world, strategy and hook. The model and optimizer load on any layout."""
+        cfg = self.cfg
+        return {
+            "world_size": self.world_size,
+            "strategy": cfg.strategy.to_dict(),
+            "comm_hook": cfg.comm_hook,
+            "model": cfg.model.name,
+        }
+
+    def _per_rank_chunks(self) -> tuple[set[str], str]:
+        """Expert-parallel weights are plain local tensors holding this rank's experts under the same name
+        on every EP rank: DCP would take them for replicas. They get the EP coordinate in their name
+        (``...experts.w1@ep0of2``): a snapshot reshards over data-parallel ranks, not across ``ep``."""
+        ep = self.pm.dims.ep
+        if ep == 1:
+            return set(), ""
+        fqns = {
+            name.replace("_checkpoint_wrapped_module.", "")
+            for name, p in self._state_module.named_parameters()
+            if is_expert_param(p)
+        }
+        return fqns, f"@ep{self.pm.coords['ep']}of{ep}"
+
+    def _rank_prefix(self) -> str:
+        return f"rank{self.rank}/"
+
+    def snapshot_state(self, *, rank_entries: bool = True) -> dict:
+        """Everything needed to continue bit for bit, as DCP saves it: ``model`` and ``optimizer`` keyed by
+        parameter name (sharded DTensors where FSDP2/TP shard them, each pipeline stage its own names),
+        ``progress`` (step, data position, LR schedule; the same on every rank) and, under
+        ``rank<r>/``, this rank's RNG streams and comm-hook state (error-feedback residuals, momentum,
+        PowerSGD memories). MoE balancing biases are model buffers. The tensors are the live ones: stage
+        (copy) before training goes on. Before the first step this initialises the optimizer state
+        (DCP's ``get_state_dict`` runs a zero-lr step), so call it for saving only after a step."""
+        model, optimizer = get_state_dict(self._state_module, self.optimizer, options=SNAPSHOT_OPTIONS)
+        cfg = self.cfg
+        state: dict = {
+            "model": suffix_keys(model, self._expert_fqns, self._expert_suffix),
+            "optimizer": suffix_keys(optimizer, self._expert_fqns, self._expert_suffix),
+            "progress": {
+                "step": self.step,
+                "data": self.loader.state_dict(),
+                "schedule": {
+                    "lr": cfg.lr,
+                    "warmup_steps": cfg.warmup_steps,
+                    "last_step": cfg.start_step + cfg.steps,
+                },
+            },
+        }
+        if rank_entries:
+            mine = {
+                "rng": capture_rng(self.device),
+                "comm_hooks": [st.state_dict() for st in self.pm.comm_states],
+            }
+            state.update(pack_tensors(mine, self._rank_prefix()))
+        return state
+
+    def restore_state(self, state: dict) -> list[str]:
+        """Put a state of :meth:`snapshot_state`'s shape (loaded into this run's own) back in place. Without
+        this rank's entries (the snapshot came from another layout) RNG streams stay as seeded and comm-hook
+        residuals start from zero. Returns notes on what differed, for the log."""
+        notes = []
+        model = unsuffix_keys(state["model"], self._expert_fqns, self._expert_suffix)
+        optimizer = unsuffix_keys(state["optimizer"], self._expert_fqns, self._expert_suffix)
+        set_state_dict(
+            self._state_module,
+            self.optimizer,
+            model_state_dict=model,
+            optim_state_dict=optimizer,
+            options=SNAPSHOT_OPTIONS,
+        )
+        progress = state["progress"]
+        self.step = int(progress["step"])
+        self.loader.load_state_dict(progress["data"])
+        mine = {
+            "lr": self.cfg.lr,
+            "warmup_steps": self.cfg.warmup_steps,
+            "last_step": self.cfg.start_step + self.cfg.steps,
+        }
+        schedule = progress.get("schedule") or {}
+        if {k: schedule.get(k) for k in mine} != mine:
+            notes.append(f"the LR schedule changed from {schedule} to {mine}: this run's applies from here")
+        prefix = self._rank_prefix()
+        if prefix + "skeleton" in state:
+            entries = unpack_tensors(state, prefix)
+            restore_rng(entries["rng"], self.device)
+            for st, hook_state in zip(self.pm.comm_states, entries["comm_hooks"], strict=True):
+                st.load_state_dict(hook_state)
+        elif self.pm.comm_states:
+            notes.append("comm-hook residuals start from zero (the snapshot was taken on another layout)")
+        return notes
+
+    def resume(self) -> dict:
+        """Continue from the newest snapshot in ``snapshot_dir`` that verifies; newer ones that do not are
+        skipped (and said so). Loads on any layout (DCP reshards); this rank's own entries only when the
+        layout is the one the snapshot was taken on. Returns (and keeps in ``resumed``) what happened."""
+        assert self.snapshots is not None
+        t0 = time.perf_counter()
+        info, skipped = self.snapshots.latest_good()
+        for s in skipped:
+            self._print(f"resume: skipped snapshot {s.name}: {s.reason}")
+        out: dict = {"from": None, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped]}
+        if info is None:
+            self._print(
+                f"resume: no usable snapshot in {self.cfg.snapshot_dir}; starting at step {self.step}"
+            )
+        else:
+            same_layout = info.manifest.get("layout") == self.layout()
+            target = self.snapshot_state(rank_entries=False)
+            prefixes = (self._rank_prefix(),) if same_layout else ()
+            self.snapshots.load(info, target, extra_prefixes=prefixes)
+            notes = self.restore_state(target)
+            out.update(
+                {
+                    "from": info.name,
+                    "step": self.step,
+                    "kind": info.kind,
+                    "same_layout": same_layout,
+                    "taken_on": info.manifest.get("layout"),
+                    "notes": notes,
+                }
+            )
+            layout = (
+                ""
+                if same_layout
+                else f" (taken on {info.manifest['layout']['world_size']} rank(s), resharded)"
+            )
+            self._print(
+                f"resume: continuing from {info.name} ({info.kind}) at step {self.step}{layout} "
+                f"in {time.perf_counter() - t0:.2f} s" + "".join(f"; {n}" for n in notes)
+            )
+        out["seconds"] = round(time.perf_counter() - t0, 4)
+        self.resumed = out
+        return out
+
+    def _snapshot_after(self, result: StepResult) -> None:
+        """Called after every step: completes a finished background write's bookkeeping and, every
+        ``snapshot_every`` steps, snapshots (the stall lands in ``result.snapshot_stall_s``)."""
+        assert self.snapshots is not None
+        self.snapshots.poll()
+        every = self.cfg.snapshot_every
+        if not every or self.step % every:
+            return
+        if not self.snapshots.records and not self.snapshot_prepare_s:
+            state = self.snapshot_state()
+            self.snapshot_prepare_s = self.snapshots.prepare(state)  # start-up cost, not a stall
+        record: SnapshotRecord = self.snapshots.save(
+            self.step, self.snapshot_state, info={"loss": result.loss, "attempt": self.attempt}
+        )
+        result.snapshot_stall_s = record.stall_s
+
+    def _snapshot_summary(self) -> dict:
+        records = self.snapshots.records if self.snapshots is not None else []
+        out: dict = {"resumed": self.resumed}
+        if not records:
+            return out
+        stalls = sorted(r.stall_s for r in records)
+        out["snapshots"] = [r.to_dict() for r in records]
+        out["snapshot_stall_s_median"] = stalls[len(stalls) // 2]
+        out["snapshot_stall_s_total"] = sum(stalls)
+        out["snapshot_prepare_s"] = self.snapshot_prepare_s
+        return out
+
     def close(self, *, succeeded: bool = True) -> None:
         """Stop the publisher and hook threads and tear the process groups down -- after a failure only the
         threads: a rank that raised may leave others inside a collective, and destroying groups then
@@ -459,6 +716,8 @@ class Trainer:
             close = getattr(st, "close", None)
             if close is not None:
                 close()  # worker threads of powerSGD / hierarchical
+        if self.snapshots is not None and succeeded:
+            self.snapshots.close()  # the write in flight uses the snapshot group: before any teardown
         if not (succeeded and dist.is_initialized()):
             return
         # Training is over and its results are out: a teardown that hangs must not hold the job forever.
