@@ -172,23 +172,12 @@ def test_a_big_plan_launches_scaled_down_as_a_labelled_job_that_runs_here(live_s
     from rest_framework.test import APIClient
 
     from controlplane.jobs.models import TrainingJob
-    from tests.integration.test_plans_that_run_here import SEED_BEST
+    from tests.integration.test_plans_that_run_here import import_seed_best_plan
 
     alice = make_member("alice", "Team A")
     client = APIClient()
     client.force_authenticate(alice)
-    r = client.post(
-        "/api/plans/",
-        {
-            "name": "seed best",
-            "model": contract("model-moe.json"),
-            "cluster": contract("cluster-atlas900.json"),
-            "training": contract("training.json"),
-            "strategy": SEED_BEST,
-        },
-        format="json",
-    )
-    assert r.status_code == 201, r.content
+    r = import_seed_best_plan(client)
     plan_id = r.json()["id"]
     log_in(page, live_stack.base_url, "alice")
     page.goto(f"{live_stack.base_url}/planning/plans/{plan_id}/")

@@ -115,9 +115,8 @@ def test_a_point_the_search_did_not_store_is_saved_into_its_team(live_stack, cli
     assert job.state == "succeeded", job.log_tail[-2000:]
 
 
-def test_a_plan_for_1024_devices_is_scaled_down_and_runs_here(live_stack, client, bob_client):
-    from controlplane.planning.models import StoredPlan
-
+def import_seed_best_plan(client):
+    """POST the seed scenario's best plan (1,024 Ascend devices) to the knowledge base; the response."""
     r = client.post(
         "/api/plans/",
         {
@@ -130,6 +129,13 @@ def test_a_plan_for_1024_devices_is_scaled_down_and_runs_here(live_stack, client
         format="json",
     )
     assert r.status_code == 201, r.content
+    return r
+
+
+def test_a_plan_for_1024_devices_is_scaled_down_and_runs_here(live_stack, client, bob_client):
+    from controlplane.planning.models import StoredPlan
+
+    r = import_seed_best_plan(client)
     big = r.json()
     # it cannot run here as it is
     r = client.post("/api/jobs/", {"name": "as is", "plan_id": big["id"]}, format="json")

@@ -10,6 +10,7 @@ import pytest
 from workers import planner
 from workers.planner.examples import contract, this_machine_cluster
 from workers.planner.scale import KEEP_ORDER, scale_down
+from workers.planner.specs import PLAIN_STRATEGY
 from workers.training.config import JobConfig
 
 SEED_MODEL = planner.ModelSpec.from_dict(contract("model-moe.json"))
@@ -46,19 +47,7 @@ HERE = planner.ClusterSpec.from_dict(this_machine_cluster()[0])
 
 
 def strategy(**kw) -> dict:
-    base = {
-        "tp": 1,
-        "pp": 1,
-        "dp": 1,
-        "ep": 1,
-        "cp": 1,
-        "vpp": 1,
-        "micro_batch_size": 1,
-        "recompute": "none",
-        "zero_stage": 0,
-        "sequence_parallel": False,
-    }
-    return {**base, **kw}
+    return {**PLAIN_STRATEGY, **kw}
 
 
 def runtime_accepts(scaled) -> JobConfig:
