@@ -185,7 +185,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.common.pagination.Pagination",  # limit 1-1000, offset bounded: 400s
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "controlplane.common.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [

@@ -13,13 +13,14 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema_field
-from rest_framework import exceptions, pagination, serializers, status, viewsets
+from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlplane.accounts.models import Team
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.common.middleware import UNAVAILABLE_ERRORS, describe_unavailable
+from controlplane.common.pagination import Pagination  # noqa: F401 - re-exported for the viewsets
 
 log = logging.getLogger(__name__)
 
@@ -140,43 +141,6 @@ class IdConverter:
 
     def to_url(self, value) -> str:
         return str(value)
-
-
-class Pagination(pagination.LimitOffsetPagination):
-    """DRF's ``limit``/``offset`` pages with their bounds checked: a ``limit`` of 10^27 reached the database
-    (SQLite cannot bind it: a misleading 409; PostgreSQL: a 500) and a malformed one was silently ignored;
-    now either is a 400 naming the parameter."""
-
-    max_limit = 1000
-    max_offset = 2**31 - 1
-
-    def _bounded(self, request, name: str, default: int | None, low: int, high: int) -> int | None:
-        raw = request.query_params.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise exceptions.ValidationError(
-                {name: [f"must be a whole number from {low} to {high:,}; got {raw[:40]!r}"]}
-            )
-        return value
-
-    def get_limit(self, request):
-        return self._bounded(request, self.limit_query_param, self.default_limit, 1, self.max_limit)
-
-    def get_offset(self, request):
-        return self._bounded(request, self.offset_query_param, 0, 0, self.max_offset)
-
-    def get_schema_operation_parameters(self, view):
-        parameters = super().get_schema_operation_parameters(view)
-        bounds = {self.limit_query_param: (1, self.max_limit), self.offset_query_param: (0, self.max_offset)}
-        for parameter in parameters:
-            low, high = bounds[parameter["name"]]
-            parameter["schema"] = {**parameter["schema"], "minimum": low, "maximum": high}
-        return parameters
 
 
 class UniqueNameSchema(AutoSchema):

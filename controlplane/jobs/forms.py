@@ -18,7 +18,8 @@ class CompareForm(forms.Form):
 
     def clean_ids(self) -> list[int]:
         raw = [part.strip() for part in self.cleaned_data["ids"].split(",") if part.strip()]
-        bad = [part for part in raw if not part.isdigit()]
+        # ids are 64-bit in the database: a longer number is no job (not an overflow deep in the query)
+        bad = [part for part in raw if not (part.isascii() and part.isdigit() and len(part) <= 18)]
         if bad:
             raise forms.ValidationError(
                 f"Job ids are whole numbers separated by commas; {', '.join(repr(b) for b in bad[:3])} is not."

@@ -122,3 +122,13 @@ def test_list_shows_predicted_and_measured_step_time(alice, client):
     assert rows[done.pk].measured_is_final and rows[done.pk].tokens_per_s == 2048.0
     assert rows[running.pk].tokens_per_s == 1002.0 and not rows[running.pk].measured_is_final
     assert rows[running.pk].strategy == "tp1-pp1-dp2-ep1"
+
+
+def test_compare_with_an_id_too_long_for_the_database_is_a_form_error(client, django_user_model):
+    from controlplane.accounts.models import Membership, Team
+
+    user = django_user_model.objects.create_user(username="zed", password="pw-zed-123")
+    Membership.objects.create(team=Team.objects.create(name="Z", slug="z"), user=user)
+    client.force_login(user)
+    r = client.get("/jobs/compare/?ids=99999999999999999999999")
+    assert r.status_code == 400 and b"whole numbers" in r.content
