@@ -146,6 +146,7 @@ def run(args) -> dict:
             during.append(step())
         mgr.wait()
         out["full_async"] = full_async.to_dict()
+        out["gradient_zstd_bytes"] = gradient_bytes(trainer)
         out["step_s_quiet_median"] = statistics.median(quiet)
         out["step_s_during_write_median"] = statistics.median(during) if during else None
         out["steps_during_writes"] = len(during)
@@ -153,6 +154,24 @@ def run(args) -> dict:
         trainer.close()
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def gradient_bytes(trainer) -> int:
+    """One step's gradients, byte-shuffled zstd like a full frame: what a delta that logs the optimizer's
+    inputs (and replays them on the base) would store per step. A forward/backward without an optimizer
+    step: the trained state is left as it was."""
+    from workers.training.checkpoint.codec import FrameEncoder
+    from workers.training.checkpoint.storage import tensor_bytes
+    from workers.training.parallelize import cross_entropy
+
+    inputs, labels = trainer.loader.next_batch()
+    cross_entropy(trainer.pm.parts[0](inputs), labels).backward()
+    encoder, total = FrameEncoder(), 0
+    for p in trainer.pm.parameters():
+        g = p.grad.detach().contiguous()
+        total += sum(len(piece) for piece in encoder.encode(tensor_bytes(g), g.element_size()))
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return total
 
 
 def _tensors(obj):
@@ -207,6 +226,13 @@ def report(r: dict) -> str:
             f"  delta {d['k']:>2} step(s) after its base (XOR+zstd)    {d['bytes_written'] / MB:9,.1f} MB   "
             f"({full_bytes / d['bytes_written']:.2f}x smaller than the full one; goal >= 2x)"
         )
+    g = r["gradient_zstd_bytes"]
+    lines += [
+        f"  one step's gradients, zstd (for comparison)    {g / MB:9,.1f} MB   "
+        f"({full_bytes / g:.2f}x smaller than the full one)",
+        "    a delta logging the optimizer's inputs (replayed on the base) would hold k of these: not built"
+        " yet, see docs/elastic.md",
+    ]
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.training.checkpoint import list_snapshots, read_manifest
+from workers.training.checkpoint import list_snapshots, read_manifest, verify
 from workers.training.cli import run_local
 from workers.training.config import JobConfig
 from workers.training.launch import free_port, render_torchrun_command, torchrun_env
@@ -51,6 +51,8 @@ LAYOUTS = {
     "dp2-ddp": ("tiny-dense.json", {"dp": 2, "micro_batch_size": 2}),
     "dp2-fsdp2-zero3": ("tiny-dense.json", {"dp": 2, "micro_batch_size": 2, "zero_stage": 3}),
     "pp2-1f1b": ("tiny-dense.json", {"pp": 2, "micro_batch_size": 2}),
+    # experts sharded over ep (saved under per-rank names), balancing biases in the model state
+    "ep2-dp2-moe": ("tiny-moe.json", {"dp": 2, "ep": 2, "micro_batch_size": 2}),
 }
 
 
@@ -68,6 +70,8 @@ def test_resumed_run_matches_the_uninterrupted_run_bit_for_bit(layout, tmp_path)
         ("step-00000009", "full"),
     ]
     assert all(s["error"] is None and s["bytes_written"] > 0 for s in first["snapshots"])
+    frames = read_manifest(tmp_path, "step-00000006").manifest["frames"]
+    assert frames["shuffle-zstd"] == 0 and frames["xor-shuffle-zstd"] > 0  # every tensor found its base
 
     shutil.rmtree(tmp_path / "step-00000009")  # the job died after publishing step 6
     resumed = train(job(model, strategy, snapshot_dir=str(tmp_path), resume=True))
@@ -108,13 +112,17 @@ def test_cli_resume_skips_a_corrupt_newest_snapshot_and_says_why(tmp_path, capsy
     assert list_snapshots(tmp_path) == ["step-00000009", "step-00000006", "step-00000003"]
     corrupt(tmp_path / "step-00000009" / "rank00000.bin")
 
-    assert main([*common, "--resume"]) == 0
+    assert main([*common, "--resume", "--snapshot-every", "3"]) == 0
     resumed = json.loads(capsys.readouterr().out)
     assert resumed["resumed"]["from"] == "step-00000006"
     assert resumed["resumed"]["skipped"] == [
         {"name": "step-00000009", "reason": "rank00000.bin: sha256 mismatch"}
     ]
     assert resumed["losses"] == first["losses"][6:]  # nothing lost but the steps after step 6
+    # the corrupt one was set aside; passing step 9 again, the resumed run wrote a good (full) one
+    assert (tmp_path / "step-00000009.corrupt").is_dir()
+    assert [s["name"] for s in resumed["snapshots"]] == ["step-00000009"]
+    assert verify(tmp_path, "step-00000009").kind == "full"
 
 
 def test_resume_with_no_snapshot_starts_from_scratch(tmp_path):

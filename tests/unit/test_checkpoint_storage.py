@@ -245,3 +245,28 @@ def test_os_level_durability_calls_are_made(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     snapshot_run(tmp_path, steps=(2,))
     assert len(synced) >= 5  # the rank file, metadata, manifest, the snapshot dir, the root dir
+
+
+def test_a_fresh_run_refuses_a_directory_holding_another_runs_snapshots(tmp_path):
+    snapshot_run(tmp_path, steps=(2,))
+    with pytest.raises(FileExistsError, match="already holds snapshots .step-00000002. of another run"):
+        SnapshotManager(tmp_path, fresh=True)
+    SnapshotManager(tmp_path / "empty", fresh=True)  # an empty or new directory is fine
+
+
+def test_unusable_newer_snapshots_are_set_aside_so_retention_keeps_the_new_ones(tmp_path):
+    job, prints, _ = snapshot_run(tmp_path, steps=(2, 4, 6, 8), full_every=2, keep=10)
+    flip_a_byte(tmp_path / "step-00000006" / "rank00000.bin")  # 6 and its delta 8 are unusable
+    mgr = SnapshotManager(tmp_path, keep=1)
+    info, skipped = mgr.latest_good()
+    assert info.name == "step-00000004" and [s.name for s in skipped] == ["step-00000008", "step-00000006"]
+    assert sorted(p.name for p in tmp_path.glob("*.corrupt")) == [
+        "step-00000006.corrupt",
+        "step-00000008.corrupt",
+    ]
+    resumed = load_into_fresh_job(tmp_path, info.name)
+    assert_same(resumed.fingerprint(), prints[4])
+    resumed.train(1)
+    mgr.save(5, resumed.state)  # the run goes on from 4; with keep=1 its snapshot is what stays
+    mgr.wait()
+    assert list_snapshots(tmp_path) == ["step-00000005"]

@@ -175,6 +175,7 @@ class Trainer:
                 keep=cfg.snapshot_keep,
                 layout=self.layout(),
                 log=self._print,
+                fresh=not cfg.resume,
             )
 
     # ------------------------------------------------------------------------------------------- a step
@@ -586,6 +587,7 @@ class Trainer:
             "progress": {
                 "step": self.step,
                 "data": self.loader.state_dict(),
+                "data_order": self._data_order(),
                 "schedule": {
                     "lr": cfg.lr,
                     "warmup_steps": cfg.warmup_steps,
@@ -616,6 +618,12 @@ class Trainer:
             options=SNAPSHOT_OPTIONS,
         )
         progress = state["progress"]
+        saved_order = progress.get("data_order")
+        if saved_order is not None and saved_order != self._data_order():
+            raise ValueError(
+                f"the snapshot's data order {saved_order} is not this run's {self._data_order()} "
+                "(another corpus, seed or sequence length): its data position would point elsewhere"
+            )
         self.step = int(progress["step"])
         self.loader.load_state_dict(progress["data"])
         mine = {
@@ -635,6 +643,11 @@ class Trainer:
         elif self.pm.comm_states:
             notes.append("comm-hook residuals start from zero (the snapshot was taken on another layout)")
         return notes
+
+    def _data_order(self) -> dict:
+        """What the sample order depends on besides the position (the loader's state is the position)."""
+        loader = self.loader
+        return {"seed": loader.seed, "num_samples": loader.num_samples, "seq_length": loader.seq_length}
 
     def resume(self) -> dict:
         """Continue from the newest snapshot in ``snapshot_dir`` that verifies; newer ones that do not are

@@ -111,6 +111,8 @@ class SnapshotManager:
     Every rank of the job makes one with the same arguments and calls ``save`` at the same steps (the
     writes are collective over ``process_group``: give it a group of its own, e.g.
     ``dist.new_group(backend="gloo")``, so snapshot traffic never queues behind training collectives).
+    ``fresh``: this run starts from scratch, so ``root`` must hold no snapshots (of another run, whose
+    newer steps retention would keep in place of this run's).
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class SnapshotManager:
         zstd_level: int = 1,
         layout: dict | None = None,
         log: Callable[[str], None] | None = None,
+        fresh: bool = False,
     ):
         if full_every < 1 or keep < 1:
             raise ValueError(f"full_every and keep must be >= 1, got {full_every}, {keep}")
@@ -140,19 +143,24 @@ class SnapshotManager:
         """Staging buffer sets not in use (the base's set is held by ``_base``)."""
         self._count = 0
         self._pending: tuple[Future, SnapshotRecord, SnapshotWriter, dict, float] | None = None
+        existing: list[Any] = [None]
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             for name in storage.clean_partial(self.root):
                 self.log(f"snapshot: removed {name} (an interrupted write)")
-        self._barrier()
+            existing[0] = storage.list_snapshots(self.root)
+        if self.distributed:
+            dist.broadcast_object_list(existing, src=0, group=self.group)
+        if fresh and existing[0]:
+            raise FileExistsError(
+                f"snapshot_dir {self.root} already holds snapshots ({', '.join(existing[0][:3])}"
+                f"{', ...' if len(existing[0]) > 3 else ''}) of another run: resume from them, or use an "
+                "empty directory"
+            )
 
     @property
     def distributed(self) -> bool:
         return dist.is_available() and dist.is_initialized() and self.world_size > 1
-
-    def _barrier(self) -> None:
-        if self.distributed:
-            dist.barrier(group=self.group)
 
     # ------------------------------------------------------------------------------------------ saving
 
@@ -269,18 +277,26 @@ class SnapshotManager:
         return self.records
 
     def close(self) -> None:
+        """Wait for the write in flight, free the buffers and drop the process group (so that it is
+        destroyed with the others at teardown, not later during interpreter shutdown)."""
         self.wait()
         self._stager.close()
         self._base = None
         self._free.clear()
+        self.group = None
 
     # ----------------------------------------------------------------------------------------- loading
 
     def latest_good(self) -> tuple[SnapshotInfo | None, list[Skipped]]:
-        """The newest snapshot that verifies (checked on rank 0, the answer broadcast) and those skipped."""
+        """The newest snapshot that verifies (checked on rank 0, the answer broadcast) and those skipped.
+        The skipped ones are set aside as ``<name>.corrupt``: the run continues from an older step, and
+        retention must count the snapshots it writes from there, not the unusable newer ones."""
         found: list[Any] = [None]
         if self.rank == 0:
-            found[0] = storage.find_latest_good(self.root)
+            info, skipped = storage.find_latest_good(self.root)
+            for s in skipped:
+                self.log(f"snapshot {s.name} set aside as {storage.quarantine(self.root, s.name)}")
+            found[0] = (info, skipped)
         if self.distributed:
             dist.broadcast_object_list(found, src=0, group=self.group)
         return found[0]

@@ -56,6 +56,7 @@ FORMAT = "cann-train-snapshot/1"
 MANIFEST = "manifest.json"
 METADATA = "metadata.pkl"
 PARTIAL_SUFFIX = ".partial"
+CORRUPT_SUFFIX = ".corrupt"
 NAME_RE = re.compile(r"^step-(\d{8,})$")
 _FILE_DIGEST_KEY = "__file_digest__/"
 
@@ -424,6 +425,19 @@ def find_latest_good(root: str | Path) -> tuple[SnapshotInfo | None, list[Skippe
         except CorruptSnapshot as exc:
             skipped.append(Skipped(name, str(exc)))
     return None, skipped
+
+
+def quarantine(root: str | Path, name: str) -> str:
+    """Rename an unusable snapshot to ``<name>.corrupt`` (kept for inspection, never listed, never counted by
+    retention: a newer corrupt snapshot must not push the good ones out). Returns the new name."""
+    root = Path(root)
+    new = f"{name}{CORRUPT_SUFFIX}"
+    n = 1
+    while (root / new).exists():
+        n += 1
+        new = f"{name}{CORRUPT_SUFFIX}.{n}"
+    os.rename(root / name, root / new)
+    return new
 
 
 def apply_retention(root: str | Path, keep: int) -> list[str]:
