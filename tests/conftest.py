@@ -77,6 +77,13 @@ class Stack:
         )
 
 
+def own_redis_db(n: int) -> str:
+    """The session's Redis server, database ``n`` (1-15): a stack of its own there shares no queue, stream
+    or channel with the session's stack (whose worker would otherwise take its tasks)."""
+    url = os.environ["REDIS_URL"]
+    return url.rsplit("/", 1)[0] + f"/{n}"
+
+
 def start_stack(
     *,
     redis_url: str,

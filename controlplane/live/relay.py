@@ -19,7 +19,7 @@ import time
 import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 
 from controlplane.live.selectors import clashing_events, highest_stored_seq
 from controlplane.live.services import persist_events
@@ -180,5 +180,11 @@ class Relay:
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("relay: Redis unavailable (%s); retrying in %.1fs", exc, backoff)
                 self.known.clear()
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10)
+            except (OperationalError, InterfaceError) as exc:
+                # the database restarts: what was read stays unacknowledged in Redis and is read again
+                log.warning("relay: database unavailable (%s); retrying in %.1fs", exc, backoff)
+                close_old_connections()
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, 10)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import database_url_for_children, http, start_stack, stop_stack
+from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack
 from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -140,7 +140,7 @@ def fragile_stack(django_db_blocker):
     with django_db_blocker.unblock():
         db_url = database_url_for_children()
     stack = start_stack(
-        redis_url=os.environ["REDIS_URL"],
+        redis_url=own_redis_db(6),
         database_url=db_url,
         name="chaos-worker",
         worker_queues="default,planning,training",
@@ -353,9 +353,7 @@ def test_a_postgresql_restart_mid_job_loses_nothing(private_postgres):
         "u = User.objects.create_user('pat', password='x'); t = team_create(name='Team P')\n"
         "Membership.objects.create(team=t, user=u); print(token_issue(user=u, name='t')[1])",
     ).splitlines()[-1]
-    stack = start_stack(
-        redis_url=os.environ["REDIS_URL"], database_url=private_postgres["url"], name="chaos-pg"
-    )
+    stack = start_stack(redis_url=own_redis_db(5), database_url=private_postgres["url"], name="chaos-pg")
     try:
         stack.wait_healthy()
         status, body = http(

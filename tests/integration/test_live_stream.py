@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 import websockets
@@ -151,12 +150,12 @@ class _closes_4401:
 @pytest.fixture
 def small_capacity_stack(django_db_blocker):
     """A stack whose channel layer holds 3 messages per websocket: any burst overflows it."""
-    from tests.conftest import database_url_for_children, start_stack, stop_stack
+    from tests.conftest import database_url_for_children, own_redis_db, start_stack, stop_stack
 
     with django_db_blocker.unblock():
         url = database_url_for_children()
     stack = start_stack(
-        redis_url=os.environ["REDIS_URL"],
+        redis_url=own_redis_db(7),
         database_url=url,
         name="capacity",
         extra_env={"CHANNEL_CAPACITY": "3"},
