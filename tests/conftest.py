@@ -91,6 +91,7 @@ def start_stack(
     name: str,
     worker_queues: str = "default,planning,training",
     extra_env: dict | None = None,
+    concurrency: int = 4,
 ) -> Stack:
     from controlplane.stack import free_port, worker_command
 
@@ -112,7 +113,7 @@ def start_stack(
         "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
         "worker": worker_command(
             queues=worker_queues,
-            concurrency=4,
+            concurrency=concurrency,
             name=f"{name}-{os.getpid()}@%h",
             pool="threads",
             quick_start=True,

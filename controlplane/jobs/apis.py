@@ -51,6 +51,9 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     stream = serializers.CharField(read_only=True)
     world_size = serializers.IntegerField(read_only=True)
     predicted_step_time_s = serializers.FloatField(read_only=True, allow_null=True)
+    queue_position = serializers.SerializerMethodField(
+        help_text="launched jobs waiting ahead of this one for a worker slot; null when not waiting"
+    )
     nodes = serializers.SerializerMethodField()
     config = JobConfigField(read_only=True)
     plan = PlanDocumentField(read_only=True, allow_null=True)
@@ -74,6 +77,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "plan",
             "source_plan",
             "predicted_step_time_s",
+            "queue_position",
             "measured",
             "stream",
             "exit_codes",
@@ -90,6 +94,11 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+    def get_queue_position(self, job) -> int | None:
+        from controlplane.jobs.selectors import queue_position
+
+        return queue_position(job)
 
     def get_nodes(self, job) -> list[dict]:
         return JobNodeSerializer(job.nodes.filter(attempt=job.attempts), many=True).data
@@ -328,7 +337,11 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         return Response({"task_id": result.id, "stream": job.stream}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(methods=["GET"], responses={200: CommComparisonSerializer(many=True)})
-    @extend_schema(methods=["POST"], request=CommCompareSerializer, responses={201: CommComparisonSerializer})
+    @extend_schema(
+        methods=["POST"],
+        request=CommCompareSerializer,
+        responses={201: CommComparisonSerializer, 429: QUEUE_FULL},
+    )
     @action(detail=True, methods=["get", "post"], url_path="comm-compare", pagination_class=None)
     def comm_compare(self, request, pk=None):
         """Compare communication methods for this job's model on the emulated two-tier network (POST), or

@@ -46,7 +46,18 @@ def comparison_create(
     inter_node_gbit: float,
     created_by=None,
 ) -> CommComparison:
+    from controlplane.jobs.services import TooMuchQueuedWork
     from workers.training.comm import netem
+
+    active = CommComparison.objects.filter(
+        team_id=job.team_id, state__in=(JobState.QUEUED, JobState.RUNNING)
+    ).count()
+    if active >= MAX_ACTIVE_COMPARISONS_PER_TEAM:
+        raise TooMuchQueuedWork(
+            f"Your team has {active} communication comparisons queued or running, the most one team may have "
+            f"at once ({MAX_ACTIVE_COMPARISONS_PER_TEAM}): each takes the worker's cores for minutes. Wait for "
+            "one to finish, or cancel one."
+        )
 
     unknown = [m for m in methods if m not in COMPARE_METHODS]
     if unknown or not methods:
@@ -102,6 +113,8 @@ def _event(comparison: CommComparison, values: dict) -> None:
     publish(comparison.stream, "progress", {"comm_compare": {"id": comparison.pk, **values}})
 
 
+# comparisons one team may have queued or running (each trains the model once per method, for minutes)
+MAX_ACTIVE_COMPARISONS_PER_TEAM = 2
 # a running comparison touches its row every CANCEL_POLL_S; one silent this long lost its worker
 COMPARISON_HEARTBEAT_TIMEOUT_S = 60.0
 

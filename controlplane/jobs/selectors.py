@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 
-from django.db.models import Max, Q, QuerySet
+from django.db.models import F, Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
 from controlplane.jobs.models import TrainingJob
@@ -293,3 +293,25 @@ def source_plan_of(user, pk: int):
     from controlplane.planning.models import StoredPlan
 
     return scoped(StoredPlan.objects.all(), user).filter(pk=pk).first()
+
+
+def queue_position(job: TrainingJob) -> int | None:
+    """How many launched jobs wait ahead of this one for a worker slot (any team's: they share the
+    workers; only the count is shown), or None when the job is not waiting. A job waits from its launch
+    until a supervisor picks one of its nodes up."""
+    from controlplane.common.models import JobState
+
+    waiting_states = (JobState.QUEUED, JobState.LAUNCHING)
+    if job.state not in waiting_states or job.attempts < 1:
+        return None
+    picked = job.nodes.filter(attempt=job.attempts, heartbeat_at__isnull=False).exists()
+    if picked:
+        return None
+    ahead = (
+        TrainingJob.objects.filter(state__in=waiting_states, attempts__gt=0, updated_at__lt=job.updated_at)
+        .exclude(nodes__attempt=F("attempts"), nodes__heartbeat_at__isnull=False)
+        .exclude(pk=job.pk)
+        .distinct()
+        .count()
+    )
+    return ahead

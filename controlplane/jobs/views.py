@@ -44,6 +44,7 @@ def job_detail(request, pk: int):
         "jobs/detail.html",
         {
             "job": job,
+            "queue_position": selectors.queue_position(job),
             "strategy": selectors.strategy_short((job.config or {}).get("strategy")),
             # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
             "prediction_caveat": (

@@ -140,7 +140,7 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
     def get_queryset(self):
         return selectors.searches_of(self.request.user)
 
-    @extend_schema(request=SearchCreateSerializer, responses={201: StrategySearchSerializer})
+    @extend_schema(request=SearchCreateSerializer, responses={201: StrategySearchSerializer, 429: QUEUE_FULL})
     def create(self, request):
         data = SearchCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
@@ -164,7 +164,7 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         search = services.search_cancel(search=self.get_object())
         return Response(self.get_serializer(search).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=WhatIfSerializer, responses={201: StrategySearchSerializer})
+    @extend_schema(request=WhatIfSerializer, responses={201: StrategySearchSerializer, 429: QUEUE_FULL})
     @action(detail=True, methods=["post"], url_path="what-if")
     def what_if(self, request, pk=None):
         """Search again on the same cluster minus ``lose_nodes`` nodes."""

@@ -45,6 +45,14 @@ def search_create(
     allow_fewer_nodes: bool = False,
 ) -> StrategySearch:
     """Validate the request with the planner, look up similar plans, and queue the search."""
+    from controlplane.jobs.services import TooMuchQueuedWork
+
+    active = StrategySearch.objects.filter(team=team, state__in=(JobState.QUEUED, JobState.RUNNING)).count()
+    if active >= MAX_ACTIVE_SEARCHES_PER_TEAM:
+        raise TooMuchQueuedWork(
+            f"Your team has {active} searches queued or running, the most one team may have at once "
+            f"({MAX_ACTIVE_SEARCHES_PER_TEAM}). Wait for some to finish, or cancel some."
+        )
     cluster_doc = cluster_doc if cluster_doc is not None else (cluster.spec if cluster else None)
     model_doc = model_doc if model_doc is not None else (model.spec if model else None)
     errors = {}
@@ -175,6 +183,8 @@ def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dic
     return best
 
 
+# searches one team may have queued or running at once (a runaway script cannot fill the planning queue)
+MAX_ACTIVE_SEARCHES_PER_TEAM = int(os.environ.get("CANN_TRAIN_MAX_ACTIVE_SEARCHES", "10"))
 # a running search touches its row at least every few seconds (progress per chunk); one silent this long
 # lost its worker and runs again
 SEARCH_HEARTBEAT_TIMEOUT_S = float(os.environ.get("CANN_TRAIN_SEARCH_TIMEOUT_S", "60"))

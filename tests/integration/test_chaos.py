@@ -384,3 +384,40 @@ def test_a_postgresql_restart_mid_job_loses_nothing(private_postgres):
         assert steps == STEPS
     finally:
         stop_stack(stack)
+
+
+def test_jobs_queued_behind_a_busy_worker_wait_their_turn_and_are_not_failed(
+    django_db_blocker, make_member, token_for
+):
+    """One worker slot, two jobs, a 6 s heartbeat timeout: the second job waits longer than that for the
+    slot, shows its place in the queue, and is neither failed as dead nor run twice."""
+    from controlplane.jobs.models import JobNode, TrainingJob
+
+    token = token_for(make_member("erin", "Team E"))
+    with django_db_blocker.unblock():
+        db_url = database_url_for_children()
+    stack = start_stack(
+        redis_url=own_redis_db(8),
+        database_url=db_url,
+        name="one-slot",
+        concurrency=1,
+        extra_env={"CANN_TRAIN_HEARTBEAT_TIMEOUT_S": "6"},
+    )
+    try:
+        stack.wait_healthy()
+        first = http("POST", stack.base_url + "/api/jobs/", token, _job_body("first", steps=300))[1]
+        _wait(lambda: TrainingJob.objects.get(pk=first["id"]).state == "running", 120, "the first job to run")
+        status, second = http("POST", stack.base_url + "/api/jobs/", token, _job_body("second", steps=20))
+        assert status == 201, second
+        time.sleep(10)  # longer than the heartbeat timeout, while the only slot is busy
+        waiting = http("GET", f"{stack.base_url}/api/jobs/{second['id']}/", token)[1]
+        assert waiting["state"] in {"queued", "launching"} and waiting["queue_position"] == 0, waiting
+        assert TrainingJob.objects.get(pk=first["id"]).state == "running"
+        for job_id in (first["id"], second["id"]):
+            job = _wait(
+                lambda j=job_id: (x := TrainingJob.objects.get(pk=j)).is_finished and x, 400, "the jobs"
+            )
+            assert job.state == "succeeded", (job.pk, job.state, job.human_readable_error)
+            assert JobNode.objects.filter(job_id=job_id).count() == 1
+    finally:
+        stop_stack(stack)

@@ -141,3 +141,44 @@ def test_an_event_committed_while_redis_is_away_is_kept_and_published_later(sett
     finally:
         redis_client.cache_clear()
         services._writer.cache_clear()
+
+
+def test_searches_and_comparisons_have_a_team_quota_too(alice, monkeypatch):
+    from controlplane.accounts.models import Team
+    from controlplane.jobs import comparisons
+    from controlplane.jobs.models import CommComparison, TrainingJob
+    from controlplane.planning import services as planning
+    from controlplane.planning.models import StrategySearch
+    from workers.planner.examples import contract
+
+    team = Team.objects.get(name="Team A")
+    monkeypatch.setattr(planning, "MAX_ACTIVE_SEARCHES_PER_TEAM", 1)
+    StrategySearch.objects.create(team=team, request={}, state="running")
+    body = {
+        "cluster_doc": contract("cluster.json"),
+        "model_doc": contract("model.json"),
+        "training": contract("training.json"),
+    }
+    r = alice.post("/api/searches/", body, format="json")
+    assert r.status_code == 429 and "1 searches queued or running" in r.json()["detail"]
+
+    monkeypatch.setattr(comparisons, "MAX_ACTIVE_COMPARISONS_PER_TEAM", 1)
+    job = TrainingJob.objects.create(team=team, name="j", config={"model": contract("model.json")})
+    CommComparison.objects.create(team=team, job=job, request={}, state="queued")
+    r = alice.post(f"/api/jobs/{job.pk}/comm-compare/", {}, format="json")
+    assert r.status_code == 429 and "comparisons queued or running" in r.json()["detail"]
+
+
+def test_a_waiting_job_knows_its_place_in_the_queue(make_member):
+    from controlplane.jobs.models import JobNode, TrainingJob
+    from controlplane.jobs.selectors import queue_position
+
+    team = make_member("quinn", "Team Q").teams.first()
+    jobs = []
+    for name in ("first", "second", "third"):
+        job = TrainingJob.objects.create(team=team, name=name, config={}, attempts=1, state="launching")
+        JobNode.objects.create(job=job, attempt=1, node_rank=0, state="queued")
+        jobs.append(job)
+    assert [queue_position(j) for j in jobs] == [0, 1, 2]
+    JobNode.objects.filter(job=jobs[0]).update(heartbeat_at=jobs[0].updated_at)  # a supervisor took it
+    assert [queue_position(j) for j in jobs] == [None, 0, 1]

@@ -398,6 +398,9 @@ class JobDetail {
     this.state = state;
     setStatePill(this.el("job-state"), state);
     document.body.dataset.jobState = state;
+    // the place in the queue is only known at page load: gone once a worker took the job (or it ended)
+    const queued = document.getElementById("queue-position");
+    if (queued && state !== "queued" && state !== "launching") queued.hidden = true;
     this.el("cancel-button").hidden = TERMINAL.has(state);
     this.el("relaunch-button").hidden = !(state === "failed" || state === "cancelled");
     if (!TERMINAL.has(state)) this.el("cancel-button").disabled = false;
