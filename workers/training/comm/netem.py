@@ -218,8 +218,14 @@ class TwoTierNetwork:
         return ["ip", "netns", "exec", self.node_list[index].namespace, *argv]
 
     def popen(self, index: int, argv: list[str], env: dict | None = None, **kwargs) -> subprocess.Popen:
-        """Start ``argv`` inside node ``index`` (killed at exit if still running)."""
+        """Start ``argv`` inside node ``index`` (killed at exit if still running, and with the thread that
+        started it)."""
+        from workers.training.supervisor import die_with_parent
+
         full_env = {**os.environ, **self.node_env(index), **(env or {})}
+        # the death signal survives `ip netns exec`'s exec: when the process (or Celery worker thread) that
+        # started a node's ranks dies, they die too instead of training on, unsupervised, for minutes
+        kwargs.setdefault("preexec_fn", die_with_parent)
         proc = subprocess.Popen(self.command(index, argv), env=full_env, **kwargs)
         self._procs.append(proc)
         return proc
