@@ -19,28 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_training_parallel import EXAMPLES, STEPS, job
 from workers.training.checkpoint import list_snapshots, read_manifest, verify
 from workers.training.cli import run_local
 from workers.training.config import JobConfig
 from workers.training.launch import free_port, render_torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.slow
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
-STEPS = 10
-
-
-def job(model: str, strategy: dict, **extra) -> JobConfig:
-    return JobConfig.from_dict(
-        {
-            "model": json.loads((EXAMPLES / model).read_text()),
-            "strategy": strategy,
-            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adamw"},
-            "steps": STEPS,
-            "device": "cpu",
-            **extra,
-        }
-    )
 
 
 def train(cfg: JobConfig) -> dict:
