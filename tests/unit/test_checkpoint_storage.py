@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -226,16 +227,28 @@ def test_a_failed_write_does_not_stop_training_and_the_next_snapshot_is_full(tmp
     assert find_latest_good(tmp_path)[0].name == "step-00000003"
 
 
-def test_the_training_thread_pays_only_for_staging(tmp_path):
+def test_the_training_thread_pays_only_for_staging(tmp_path, monkeypatch):
+    # The disk is held (every fsync waits on a gate): save() must still return, training must go on,
+    # and the snapshot must hold the state of step 1, not what training did while the write waited.
+    gate = threading.Event()
+    real_fsync = os.fsync
+
+    def held_fsync(fd):
+        assert gate.wait(60), "the write was never released"
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
     job = Job()
     job.train()
     mgr = SnapshotManager(tmp_path)
     mgr.prepare(job.state())
-    record = mgr.save(1, job.state)
+    record = mgr.save(1, job.state)  # returns although the write cannot finish yet
     before = job.fingerprint()
-    job.train(2)  # training goes on while the write runs: the snapshot holds step 1 regardless
+    assert record.write_s is None and list_snapshots(tmp_path) == []
+    job.train(2)  # training goes on while the write waits
+    gate.set()
     mgr.wait()
-    assert record.stall_s < record.write_s
+    assert record.error is None and record.write_s is not None
     assert_same(load_into_fresh_job(tmp_path, "step-00000001").fingerprint(), before)
 
 
