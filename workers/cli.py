@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "calibrate": "workers.planner.cli",
     "train": "workers.training.cli",
     "comm-opt": "workers.training.comm.cli",
+    "elastic": "workers.reliability.cli",
 }
 
 

@@ -40,7 +40,7 @@ def test_snapshot_settings_round_trip_through_the_job_file(tmp_path):
 @pytest.mark.parametrize(
     "extra, field, message",
     [
-        ({"snapshot_every": 5}, "snapshot_dir", "is required with snapshot_every or resume"),
+        ({"snapshot_every": 5}, "snapshot_dir", "is required with snapshot_every, resume or resume_from"),
         ({"resume": True}, "snapshot_dir", "is required"),
         ({"snapshot_every": -1, "snapshot_dir": "x"}, "config.snapshot_every", ">= 0"),
         ({"snapshot_full_every": 0}, "config.snapshot_full_every", ">= 1"),

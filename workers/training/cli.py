@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import uuid
@@ -139,9 +140,17 @@ def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = 
         return json.loads(summary_path.read_text())
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Snapshot)): (.+)$")
+
+
 def _tail(path: Path, lines: int = 25) -> str:
+    """The log's last lines, after the first exception a rank raised (torchrun's own report of the failure
+    comes last and would push it out)."""
     text = [ln for ln in path.read_text(errors="replace").splitlines() if "FutureWarning" not in ln]
-    return "\n".join(text[-lines:])
+    cause = next(
+        (ln for ln in text if (m := _EXCEPTION_LINE.match(ln)) and "ChildFailedError" not in m.group(1)), None
+    )
+    return "\n".join(([f"first error: {cause}"] if cause else []) + text[-lines:])
 
 
 def format_summary(s: dict) -> str:

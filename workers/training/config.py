@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,12 @@ class JobConfig:
     """Snapshots kept (retention), plus the full snapshot each kept delta needs."""
     resume: bool = False
     """Continue from the newest snapshot in ``snapshot_dir`` that verifies (from ``start_step`` if none)."""
+    resume_from: str | None = None
+    """Continue from exactly this snapshot (``step-00000020``; a restore): it must verify, and the newer ones
+    are set aside as ``<name>.superseded``. Implies ``resume``."""
+    inject: str | None = None
+    """Faults to inject (tests, benches, demos): ``kill-rank@step=17,hang-rank@step=40:rank=1,...``
+    (:mod:`workers.reliability.faults`). Read by the supervisor that watches the ranks, never by them."""
 
     @property
     def world_size(self) -> int:
@@ -276,8 +283,8 @@ class JobConfig:
             fail("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
         if self.inter_node_latency_us < 0:
             fail("inter_node_latency_us", f"must be >= 0, got {self.inter_node_latency_us}")
-        if (self.snapshot_every or self.resume) and not self.snapshot_dir:
-            fail("snapshot_dir", "is required with snapshot_every or resume")
+        if (self.snapshot_every or self.resume or self.resume_from) and not self.snapshot_dir:
+            fail("snapshot_dir", "is required with snapshot_every, resume or resume_from")
         if errors:
             raise ConfigError(errors)
         return self
@@ -321,6 +328,22 @@ class JobConfig:
                 kwargs[name] = _int(kwargs, name, "config", minimum=1)
         if not isinstance(kwargs.get("resume", False), bool):
             raise ConfigError("resume", f"must be true or false, got {kwargs['resume']!r}")
+        if kwargs.get("resume_from") is not None:
+            name = kwargs["resume_from"]
+            if not isinstance(name, str) or not re.fullmatch(r"step-\d{8}", name):
+                raise ConfigError("resume_from", f"must be a snapshot name like step-00000020, got {name!r}")
+            kwargs["resume"] = True
+        if kwargs.get("inject") is not None:
+            from workers.reliability.faults import parse_faults
+
+            if not isinstance(kwargs["inject"], str):
+                raise ConfigError(
+                    "inject", f"must be a fault list like kill-rank@step=5, got {kwargs['inject']!r}"
+                )
+            try:
+                parse_faults(kwargs["inject"])
+            except ValueError as exc:
+                raise ConfigError("inject", str(exc)) from None
         if kwargs.get("snapshot_dir") is not None and not isinstance(kwargs["snapshot_dir"], str):
             raise ConfigError("snapshot_dir", f"must be a path, got {kwargs['snapshot_dir']!r}")
         if kwargs.get("job_id") is not None:

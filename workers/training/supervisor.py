@@ -223,6 +223,13 @@ def rendezvous_endpoint(
     raise TimeoutError(f"node 0 did not announce its rendezvous endpoint ({key}) within {wait_s:.0f}s")
 
 
+def _quietly(call: Callable[[], None]) -> None:
+    try:
+        call()
+    except Exception:  # a watcher's failure must not stop the training it watches
+        log.warning("on_poll failed", exc_info=True)
+
+
 @dataclass(frozen=True)
 class Outcome:
     exit_code: int
@@ -240,6 +247,7 @@ def supervise(
     on_start: Callable[[int], None] = lambda pid: None,
     on_heartbeat: Callable[[], bool] = lambda: False,
     on_output: Callable[[list[str]], None] | None = None,
+    on_poll: Callable[[], None] | None = None,
     heartbeat_every_s: float = HEARTBEAT_EVERY_S,
     poll_every_s: float = POLL_EVERY_S,
     output_every_s: float = OUTPUT_EVERY_S,
@@ -252,6 +260,8 @@ def supervise(
     ``on_output(lines)`` follows the log: the lines written since its last call, noise left out
     (``LogFilter``), at most every ``output_every_s`` and ``OUTPUT_MAX_LINES`` at a time, and once more
     with the last lines when the process has ended; an exception it raises is logged, never stops the run.
+    ``on_poll()`` is called every ``poll_every_s`` while it runs and once after it ended (an elastic watch:
+    progress, hangs, fault injection); an exception it raises is logged too.
     Any other exception (Ctrl-C included) stops the group before it propagates. Returns the exit code,
     whether it was cancelled or timed out, and the log's tail (noise left out too).
     """
@@ -281,6 +291,8 @@ def supervise(
         on_start(proc.pid)
         last_beat = last_output = 0.0
         while proc.poll() is None:
+            if on_poll is not None:
+                _quietly(on_poll)
             if on_output is not None and time.monotonic() - last_output >= output_every_s:
                 last_output = time.monotonic()
                 emit(follower.read_new())
@@ -299,6 +311,8 @@ def supervise(
         stop_group(proc)  # the supervisor itself failed: leave no unsupervised ranks behind
         raise
     exit_code = proc.wait()
+    if on_poll is not None:
+        _quietly(on_poll)
     if on_output is not None:
         emit(follower.read_new(final=True))
     return Outcome(

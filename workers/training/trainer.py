@@ -26,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from workers.reliability.progress import ProgressWriter, process_start_unix, restart_count
 from workers.training import device as device_mod
 from workers.training import system_metrics
 from workers.training.checkpoint import SnapshotManager, SnapshotRecord
@@ -94,6 +95,13 @@ class Trainer:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.attempt = attempt
         """Which launch of the job this run is: every published event says it (``attempt``)."""
+        self.restart = restart_count()
+        """Which torchrun restart of this attempt these processes are (0: the first start); after a restart
+        the run continues from the newest good snapshot (:mod:`workers.reliability.elastic` watches it)."""
+        self.progress = ProgressWriter.from_env(rank)
+        if self.progress is not None:
+            self.progress.update("starting")
+            self.progress.event("start", t=process_start_unix())
         if cfg.world_size != world_size:
             raise ValueError(
                 f"strategy needs tp*pp*dp*cp = {cfg.world_size} processes, torchrun started {world_size}"
@@ -162,7 +170,9 @@ class Trainer:
         """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
         self.snapshot_prepare_s = 0.0
         self.snapshots: SnapshotManager | None = None
-        if cfg.snapshot_every or cfg.resume:
+        self.resuming = cfg.resume or bool(self.restart and cfg.snapshot_every)
+        """Resume at the start of :meth:`train`: asked for, or a torchrun restart of a snapshotting run."""
+        if cfg.snapshot_every or self.resuming:
             # a gloo group of its own: DCP's planning collectives run in the writer thread, on CPU tensors,
             # and never queue behind (or between) the training collectives of the default group
             group = dist.new_group(backend="gloo", timeout=SNAPSHOT_GROUP_TIMEOUT)
@@ -175,8 +185,10 @@ class Trainer:
                 keep=cfg.snapshot_keep,
                 layout=self.layout(),
                 log=self._print,
-                fresh=not cfg.resume,
+                fresh=not self.resuming,
             )
+        if self.progress is not None:
+            self.progress.event("ready")
 
     # ------------------------------------------------------------------------------------------- a step
 
@@ -336,8 +348,20 @@ class Trainer:
     def train(self) -> dict:
         cfg, pm = self.cfg, self.pm
         bubble = pipeline_bubble_fraction(pm.dims.pp, cfg.strategy.vpp, cfg.num_microbatches)
-        if cfg.resume:
-            self.resume()
+        if self.resuming:
+            if self.progress is not None:
+                self.progress.update("resuming")
+            resumed = self.resume()
+            if self.progress is not None:
+                self.progress.event(
+                    "resumed",
+                    from_step=self.step if resumed["from"] else None,
+                    snapshot=resumed["from"],
+                    seconds=resumed["seconds"],
+                    skipped=resumed["skipped"],
+                )
+        if self.progress is not None:
+            self.progress.update("training", self.step)
         first = self.step + 1
         started = self._started_values()
         self.publisher.submit("event", started, step=self.step)
@@ -362,6 +386,15 @@ class Trainer:
                 self.history.append(result)
                 if self.snapshots is not None:
                     self._snapshot_after(result)
+                if self.progress is not None:
+                    self.progress.update("training", result.step)
+                    self.progress.event(
+                        "step",
+                        step=result.step,
+                        loss=result.loss,
+                        step_time_s=result.step_time_s,
+                        stall_s=result.snapshot_stall_s or 0.0,
+                    )
                 # every rank: a gather of memory / CPU figures every few steps (rank 0 gets {"ranks": [...]})
                 ranks = system_metrics.rank_values(result.step, self.device)
                 if self.rank == 0 and not isinstance(self.publisher, NullPublisher):
@@ -380,8 +413,12 @@ class Trainer:
             )
             self.publisher.close()
             raise
+        if self.progress is not None:
+            self.progress.update("finishing")
         if self.snapshots is not None:
             self.snapshots.wait()  # the last snapshot published before the run says it finished
+        if self.progress is not None:
+            self.progress.event("end", step=self.step)
         summary = self.summary()
         self.publisher.submit(
             "event", {"state": "finished", "attempt": self.attempt, **summary}, step=self.step
@@ -407,6 +444,7 @@ class Trainer:
         return {
             "state": "started",
             "attempt": self.attempt,
+            "restart": self.restart,
             "world_size": self.world_size,
             "strategy": cfg.strategy.short_name(),
             "device": self.device_choice.kind,
@@ -425,6 +463,7 @@ class Trainer:
         tflops = self.flops_per_token * tokens_per_s / self.world_size / 1e12
         values = {
             "attempt": self.attempt,
+            "restart": self.restart,
             "loss": round(r.loss, 6),
             "tokens_per_s": round(tokens_per_s, 2),
             "step_time_s": round(r.step_time_s, 6),
@@ -655,7 +694,9 @@ class Trainer:
         layout is the one the snapshot was taken on. Returns (and keeps in ``resumed``) what happened."""
         assert self.snapshots is not None
         t0 = time.perf_counter()
-        info, skipped = self.snapshots.latest_good()
+        # a chosen snapshot (a restore) on the first start only: a torchrun restart continues from the newest
+        exactly = self.cfg.resume_from if self.restart == 0 else None
+        info, skipped = self.snapshots.latest_good(exactly)
         for s in skipped:
             self._print(f"resume: skipped snapshot {s.name}: {s.reason}")
         out: dict = {"from": None, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped]}
@@ -725,6 +766,8 @@ class Trainer:
         threads: a rank that raised may leave others inside a collective, and destroying groups then
         deadlocks (torchtitan#1342); torchrun stops the other ranks anyway."""
         self.publisher.close()
+        if self.progress is not None:
+            self.progress.close()
         for st in self.pm.comm_states:
             close = getattr(st, "close", None)
             if close is not None:

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 
 from workers.training.checkpoint import storage
 from workers.training.checkpoint.storage import (
+    CorruptSnapshot,
     DeltaBase,
     Skipped,
     SnapshotInfo,
@@ -287,18 +288,34 @@ class SnapshotManager:
 
     # ----------------------------------------------------------------------------------------- loading
 
-    def latest_good(self) -> tuple[SnapshotInfo | None, list[Skipped]]:
+    def latest_good(self, exactly: str | None = None) -> tuple[SnapshotInfo | None, list[Skipped]]:
         """The newest snapshot that verifies (checked on rank 0, the answer broadcast) and those skipped.
         The skipped ones are set aside as ``<name>.corrupt``: the run continues from an older step, and
-        retention must count the snapshots it writes from there, not the unusable newer ones."""
+        retention must count the snapshots it writes from there, not the unusable newer ones.
+
+        ``exactly``: that snapshot (a restore chosen by a person), which must verify (``CorruptSnapshot``
+        otherwise, on every rank); the good newer ones are set aside as ``<name>.superseded``."""
         found: list[Any] = [None]
         if self.rank == 0:
-            info, skipped = storage.find_latest_good(self.root)
-            for s in skipped:
-                self.log(f"snapshot {s.name} set aside as {storage.quarantine(self.root, s.name)}")
-            found[0] = (info, skipped)
+            try:
+                if exactly is None:
+                    info, skipped = storage.find_latest_good(self.root)
+                    for s in skipped:
+                        self.log(f"snapshot {s.name} set aside as {storage.quarantine(self.root, s.name)}")
+                else:
+                    info, newer = storage.find_exactly(self.root, exactly)
+                    skipped = []
+                    for name in newer:
+                        moved = storage.quarantine(self.root, name, storage.SUPERSEDED_SUFFIX)
+                        skipped.append(Skipped(name, f"newer than {exactly}, the snapshot asked for"))
+                        self.log(f"snapshot {name} set aside as {moved} (restoring {exactly})")
+                found[0] = (info, skipped)
+            except CorruptSnapshot as exc:
+                found[0] = exc
         if self.distributed:
             dist.broadcast_object_list(found, src=0, group=self.group)
+        if isinstance(found[0], CorruptSnapshot):
+            raise CorruptSnapshot(f"snapshot {exactly}: {found[0]}")
         return found[0]
 
     def load(self, info: SnapshotInfo, target: dict, *, extra_prefixes: tuple[str, ...] = ()) -> dict:

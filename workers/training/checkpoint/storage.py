@@ -57,6 +57,8 @@ MANIFEST = "manifest.json"
 METADATA = "metadata.pkl"
 PARTIAL_SUFFIX = ".partial"
 CORRUPT_SUFFIX = ".corrupt"
+SUPERSEDED_SUFFIX = ".superseded"
+"""A good snapshot newer than the one a restore went back to (kept, never listed or counted again)."""
 NAME_RE = re.compile(r"^step-(\d{8,})$")
 _FILE_DIGEST_KEY = "__file_digest__/"
 
@@ -427,15 +429,29 @@ def find_latest_good(root: str | Path) -> tuple[SnapshotInfo | None, list[Skippe
     return None, skipped
 
 
-def quarantine(root: str | Path, name: str) -> str:
+def find_exactly(root: str | Path, name: str) -> tuple[SnapshotInfo, list[str]]:
+    """Snapshot ``name`` verified (a restore to a chosen snapshot) and the names of the newer ones, which a
+    run continuing from it must set aside (:func:`quarantine` with ``SUPERSEDED_SUFFIX``). Raises
+    :class:`CorruptSnapshot` when it is not there or does not verify (a restore never silently falls back
+    to another step)."""
+    names = list_snapshots(root)
+    if name not in names:
+        known = ", ".join(names) or "none"
+        raise CorruptSnapshot(f"there is no snapshot {name} (published ones: {known})")
+    info = verify(root, name)
+    return info, [n for n in names if step_of(n) > info.step]
+
+
+def quarantine(root: str | Path, name: str, suffix: str = CORRUPT_SUFFIX) -> str:
     """Rename an unusable snapshot to ``<name>.corrupt`` (kept for inspection, never listed, never counted by
-    retention: a newer corrupt snapshot must not push the good ones out). Returns the new name."""
+    retention: a newer corrupt snapshot must not push the good ones out), or with ``suffix`` for another
+    reason to set it aside. Returns the new name."""
     root = Path(root)
-    new = f"{name}{CORRUPT_SUFFIX}"
+    new = f"{name}{suffix}"
     n = 1
     while (root / new).exists():
         n += 1
-        new = f"{name}{CORRUPT_SUFFIX}.{n}"
+        new = f"{name}{suffix}.{n}"
     os.rename(root / name, root / new)
     return new
 

@@ -1,0 +1,158 @@
+"""Fault plans parse or say what is wrong; goodput accounts every second of a timeline to one bucket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workers.reliability.faults import Fault, FaultInjector, flip_a_byte, parse_faults
+from workers.reliability.goodput import goodput, kept_losses
+from workers.reliability.progress import ProgressWriter, TimelineReader, read_progress
+from workers.training import examples
+from workers.training.config import ConfigError, JobConfig
+
+
+def test_a_fault_plan_parses():
+    assert parse_faults("kill-rank@step=17, hang-rank@step=40:rank=1,corrupt-snapshot@step=30") == [
+        Fault("kill-rank", 17),
+        Fault("hang-rank", 40, 1),
+        Fault("corrupt-snapshot", 30),
+    ]
+    assert parse_faults("") == []
+    assert str(Fault("hang-rank", 40, 1)) == "hang-rank@step=40:rank=1"
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("kill-rank", "is not a fault: write kind@step=N"),
+        ("explode@step=3", "'explode' is not a fault kind .known: kill-rank, hang-rank"),
+        ("kill-rank@step=0", "the step must be >= 1"),
+        ("corrupt-snapshot@step=3:rank=1", "corrupt-snapshot takes no rank"),
+        ("kill-rank@step=-1", "is not a fault"),
+        (",".join(["kill-rank@step=1"] * 101), "at most 100 faults"),
+    ],
+)
+def test_a_bad_fault_plan_says_what_is_wrong(text, says):
+    with pytest.raises(ValueError, match=says):
+        parse_faults(text)
+
+
+def test_the_job_config_validates_its_fault_plan_and_restore_point():
+    model = json.loads((examples.DIR / "tiny-dense.json").read_text())
+    with pytest.raises(ConfigError, match="inject.*not a fault kind"):
+        JobConfig.from_dict({"model": model, "inject": "boom@step=2"})
+    with pytest.raises(ConfigError, match="resume_from.*snapshot name like step-00000020"):
+        JobConfig.from_dict({"model": model, "resume_from": "../etc", "snapshot_dir": "/tmp/x"})
+    cfg = JobConfig.from_dict({"model": model, "resume_from": "step-00000020", "snapshot_dir": "/tmp/x"})
+    assert cfg.resume  # a restore resumes
+
+
+def test_the_injector_checks_its_plan_against_the_run(tmp_path):
+    with pytest.raises(ValueError, match="ranks 0-1"):
+        FaultInjector("kill-rank@step=2:rank=5", world_size=2)
+    with pytest.raises(ValueError, match="takes no snapshots"):
+        FaultInjector("corrupt-snapshot@step=2", world_size=2)
+    with pytest.raises(ValueError, match="control-plane worker"):
+        FaultInjector("kill-worker@step=2", world_size=2)
+
+
+def test_a_fault_fires_once_on_a_real_process_and_not_again_after_a_relaunch(tmp_path):
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = tmp_path / "fired.json"
+        injector = FaultInjector("hang-rank@step=3", world_size=2, state_path=state)
+        doc = {"rank": 1, "pid": victim.pid, "phase": "training", "restart": 0}
+        assert injector.poll({1: {**doc, "step": 2}}) == []  # not due yet
+        fired = injector.poll({1: {**doc, "step": 3}})
+        assert [(f.kind, f.rank, f.pid, f.detail) for f in fired] == [("hang-rank", 1, victim.pid, "SIGSTOP")]
+        for _ in range(50):
+            with open(f"/proc/{victim.pid}/stat") as f:
+                if f.read().split(")")[1].split()[0] == "T":
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the process was not stopped")
+        assert injector.poll({1: {**doc, "step": 4}}) == []  # once
+        again = FaultInjector("hang-rank@step=3", world_size=2, state_path=state)  # a relaunched supervisor
+        assert again.pending == [] and again.poll({1: {**doc, "step": 9}}) == []
+    finally:
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+
+def test_flipping_a_byte_changes_exactly_one(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    offset = flip_a_byte(path)
+    data = path.read_bytes()
+    assert [i for i in range(len(data)) if data[i] != (i % 256)] == [offset]
+
+
+def test_progress_files_and_timeline_survive_a_line_cut_by_a_kill(tmp_path):
+    w = ProgressWriter(tmp_path, rank=0, restart=0)
+    w.update("training", 3)
+    w.event("step", step=3, loss=1.5, step_time_s=0.1, stall_s=0.0)
+    w.close()
+    with (tmp_path / "timeline.jsonl").open("a") as f:
+        f.write('{"event": "step", "step": 4, "lo')  # the process died mid-line
+    w2 = ProgressWriter(tmp_path, rank=0, restart=1)
+    w2.event("start")
+    w2.close()
+    reader = TimelineReader(tmp_path)
+    assert [(e["event"], e["restart"]) for e in reader.read_new()] == [("step", 0), ("start", 1)]
+    assert read_progress(tmp_path)[0]["step"] == 3 and read_progress(tmp_path)[0]["pid"] == os.getpid()
+
+
+def _step(restart, step, t, dt=1.0, stall=0.0, loss=None):
+    return {
+        "event": "step",
+        "restart": restart,
+        "step": step,
+        "t": t,
+        "step_time_s": dt,
+        "stall_s": stall,
+        "loss": loss if loss is not None else 10.0 - step,
+    }
+
+
+def test_goodput_counts_a_re_run_step_as_lost_once_and_productive_once():
+    launch = 100.0
+    events = [
+        {"event": "start", "restart": 0, "t": 102.0},  # 2 s torchrun + rendezvous
+        {"event": "ready", "restart": 0, "t": 105.0},  # 3 s imports + model
+        _step(0, 1, 106.0),
+        _step(0, 2, 107.0, stall=0.5),
+        _step(0, 3, 108.0),
+        # rank killed after step 3 committed; restarted processes start at 110 (2 s after the last sign)
+        {"event": "start", "restart": 1, "t": 110.0},
+        {"event": "ready", "restart": 1, "t": 113.0},
+        {"event": "resumed", "restart": 1, "t": 113.5, "from_step": 2, "seconds": 0.5},
+        _step(1, 3, 114.5, loss=6.5),
+        _step(1, 4, 115.5),
+        {"event": "end", "restart": 1, "t": 116.0},
+    ]
+    g = goodput(events, launch_unix=launch, end_unix=117.0)
+    assert g["wall_s"] == 17.0
+    assert g["productive_s"] == 4.0  # steps 1, 2, 3 (second run), 4
+    assert g["badput"] == {
+        "startup_s": 2.0 + 3.0 + 3.0,
+        "restore_s": 0.5,
+        "snapshot_stall_s": 0.5,
+        "lost_progress_s": 1.0,  # the first execution of step 3
+        "fault_wait_s": 2.0,
+        "other_s": 17.0 - 4.0 - 8.0 - 0.5 - 0.5 - 1.0 - 2.0,
+    }
+    assert g["goodput"] == round(4.0 / 17.0, 5)
+    assert kept_losses(events) == {1: 9.0, 2: 8.0, 3: 6.5, 4: 6.0}  # step 3 from its last execution
+
+
+def test_goodput_of_nothing_is_not_a_number_made_up():
+    assert goodput([], launch_unix=5.0, end_unix=5.0)["goodput"] is None
+    assert json.dumps(goodput([], launch_unix=5.0, end_unix=6.0))  # serialisable

@@ -1,0 +1,303 @@
+"""Recovery by whole-group restart from snapshots: watch the ranks of one node, find a dead or hung rank,
+let torchrun restart the group, and time what it cost.
+
+torchrun runs with ``--max-restarts N``: when a rank process exits with an error its agent stops the other
+ranks (SIGTERM) and starts them all again (``TORCHELASTIC_RESTART_COUNT`` + 1); the runtime then resumes
+from the newest snapshot that verifies (``Trainer.resuming``). torchrun only sees processes that exit. A
+*hung* rank (a stuck kernel, a collective waiting on a peer that never comes) would hold the group until
+gloo's / NCCL's collective timeout (30 minutes by default): :class:`ElasticWatch` notices that no rank has
+committed a step for ``hang_timeout_s`` and SIGKILLs the stopped ranks (all of them when none is stopped:
+a deadlock looks the same on every rank), which torchrun then treats as a failure like any other.
+
+The watch reads what the ranks write (:mod:`workers.reliability.progress`); it runs in the supervising
+process, called from :func:`workers.training.supervisor.supervise` (``on_poll``) every poll, so it works
+while the ranks are dead or stopped. Each fault is reported (``on_fault``) when found and again when the
+group has committed its first step after it (``on_recovered``: the step it went back to, the steps lost,
+the recovery time). Snapshots the job publishes are reported once each (``on_snapshot``), verified.
+
+Dict shapes (also what :meth:`ElasticWatch.report` returns):
+
+- fault: ``{"kind": "rank-killed"|"rank-hung"|"rank-failed", "rank", "step", "restart", "detected_unix",
+  "fault_unix", "message"}`` (``fault_unix``: when an injected fault fired, else when it was detected)
+- recovery: the fault's keys + ``{"resumed_from_step", "snapshot", "steps_lost", "rto_s", "recovered_unix",
+  "skipped"}`` (``rto_s``: from the fault to the first step committed after it)
+- snapshot: ``{"name", "step", "kind", "bytes_written", "raw_bytes", "base", "created_unix", "verified",
+  "problem"}``, or ``{"name", "removed": True}`` when retention (or a restore) took it away
+- goodput: :func:`workers.reliability.goodput.goodput`
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from workers.reliability import progress as progress_mod
+from workers.reliability.faults import FaultInjector
+from workers.reliability.goodput import goodput, kept_losses
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HANG_TIMEOUT_S = 60.0
+SNAPSHOT_SCAN_EVERY_S = 1.0
+
+
+def _alive(pid: int) -> tuple[bool, bool]:
+    """(alive, stopped) for a process id; a zombie is dead."""
+    try:
+        status = psutil.Process(pid).status()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False, False
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return False, False
+    return True, status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+class ElasticWatch:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+        snapshot_dir: str | Path | None = None,
+        injector: FaultInjector | None = None,
+        on_fault: Callable[[dict], None] = lambda fault: None,
+        on_recovered: Callable[[dict], None] = lambda recovery: None,
+        on_snapshot: Callable[[dict], None] | None = None,
+        launch_unix: float | None = None,
+    ):
+        if hang_timeout_s <= 0:
+            raise ValueError(f"hang_timeout_s must be > 0, got {hang_timeout_s}")
+        self.dir = Path(run_dir) / "progress"
+        if self.dir.exists():  # a new watch: what an earlier launch wrote is not this run's progress
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        self.hang_timeout_s = hang_timeout_s
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
+        self.injector = injector
+        self.on_fault, self.on_recovered, self.on_snapshot = on_fault, on_recovered, on_snapshot
+        self.launch_unix = time.time() if launch_unix is None else launch_unix
+        self.end_unix: float | None = None
+        self.timeline = progress_mod.TimelineReader(self.dir)
+        self.faults: list[dict] = []
+        self.events: list[dict] = []  # corrupt snapshots and other non-disrupting faults
+        self.restart = 0
+        self._faulted_restarts: set[int] = set()
+        self._advance = (None, time.monotonic())  # (newest step seen, when it was first seen)
+        self._snapshots: dict[str, dict] = {}
+        self._last_scan = 0.0
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the ranks' environment needs (merge it into torchrun's)."""
+        return {progress_mod.ENV: str(self.dir)}
+
+    # ------------------------------------------------------------------------------------------- polling
+
+    def poll(self) -> None:
+        now = time.time()
+        ranks = progress_mod.read_progress(self.dir)
+        self.timeline.read_new()
+        if ranks:
+            newest = max(d.get("restart", 0) for d in ranks.values())
+            for missed in range(self.restart, newest):  # restarted between two polls: a fault all the same
+                if missed not in self._faulted_restarts:
+                    self._record(
+                        "rank-failed",
+                        None,
+                        now,
+                        now,
+                        "a rank exited and torchrun restarted the group",
+                        restart=missed,
+                    )
+            self.restart = max(self.restart, newest)
+        current = {r: d for r, d in ranks.items() if d.get("restart") == self.restart}
+        if self.injector is not None:
+            for fired in self.injector.poll(current):
+                log.info("injected %s at step %s (%s)", fired.fault, fired.step, fired.detail)
+                if fired.kind == "corrupt-snapshot":
+                    self.events.append({"kind": "snapshot-corrupted", **fired.to_dict()})
+        if self.restart not in self._faulted_restarts:
+            self._find_fault(current, now)
+        self._find_recoveries()
+        if self.snapshot_dir is not None and time.monotonic() - self._last_scan >= SNAPSHOT_SCAN_EVERY_S:
+            self._last_scan = time.monotonic()
+            self._scan_snapshots()
+
+    def _last_step(self, restart: int) -> int | None:
+        steps = [
+            e["step"]
+            for e in self.timeline.events
+            if e.get("event") == "step" and e.get("restart") == restart
+        ]
+        return max(steps) if steps else None
+
+    def _injected(self, rank: int | None, pid: int | None, kinds: tuple[str, ...]):
+        if self.injector is None:
+            return None
+        for fired in reversed(self.injector.fired):
+            if (
+                fired.kind in kinds
+                and (pid is None or fired.pid == pid)
+                and (rank is None or fired.rank == rank)
+            ):
+                return fired
+        return None
+
+    def _find_fault(self, current: dict[int, dict], now: float) -> None:
+        dead, stopped, training = [], [], False
+        for rank, doc in sorted(current.items()):
+            alive, is_stopped = _alive(doc["pid"])
+            if not alive and doc.get("phase") != "finishing":
+                dead.append((rank, doc))
+            if is_stopped:
+                stopped.append((rank, doc))
+            training = training or doc.get("phase") == "training"
+        newest = max((d.get("step") or 0 for d in current.values()), default=None)
+        if newest != self._advance[0]:
+            self._advance = (newest, time.monotonic())
+        if dead:
+            rank, doc = dead[0]
+            fired = self._injected(rank, doc["pid"], ("kill-rank",))
+            kind = "rank-killed" if fired else "rank-failed"
+            message = (
+                f"rank {rank} (pid {doc['pid']}) was killed by the injected fault {fired.fault}"
+                if fired
+                else f"rank {rank} (pid {doc['pid']}) exited during {doc.get('phase')}"
+            )
+            self._record(kind, rank, now, fired.fired_unix if fired else now, message)
+            return
+        stalled_s = time.monotonic() - self._advance[1]
+        if training and stalled_s > self.hang_timeout_s:
+            victims = stopped or sorted(current.items())
+            for _rank, doc in victims:
+                try:
+                    os.kill(doc["pid"], signal.SIGKILL)  # works on a stopped process too
+                except ProcessLookupError:
+                    pass
+            first = victims[0][0] if len(victims) == 1 or stopped else None
+            fired = self._injected(first, None, ("hang-rank",)) if stopped else None
+            who = (
+                "rank " + ", ".join(str(r) for r, _ in victims) + " (stopped)"
+                if stopped
+                else "every rank of this node (none was stopped: a deadlock looks the same on all)"
+            )
+            self._record(
+                "rank-hung",
+                first,
+                now,
+                fired.fired_unix if fired else now - stalled_s,
+                f"no step committed for {stalled_s:.1f} s (hang timeout {self.hang_timeout_s:g} s): "
+                f"killed {who}" + (f"; injected fault {fired.fault}" if fired else ""),
+            )
+
+    def _record(
+        self,
+        kind: str,
+        rank: int | None,
+        detected: float,
+        at: float,
+        message: str,
+        restart: int | None = None,
+    ) -> None:
+        restart = self.restart if restart is None else restart
+        self._faulted_restarts.add(restart)
+        fault = {
+            "kind": kind,
+            "rank": rank,
+            "step": self._last_step(restart),
+            "restart": restart,
+            "detected_unix": detected,
+            "fault_unix": at,
+            "message": message,
+        }
+        self.faults.append(fault)
+        log.warning("fault: %s", message)
+        self.on_fault(dict(fault))
+
+    def _find_recoveries(self) -> None:
+        for fault in self.faults:
+            if "rto_s" in fault:
+                continue
+            later = [e for e in self.timeline.events if e.get("restart", 0) > fault["restart"]]
+            first_step = next((e for e in later if e.get("event") == "step"), None)
+            if first_step is None:
+                continue
+            resumed = next(
+                (e for e in later if e.get("event") == "resumed" and e["restart"] == first_step["restart"]),
+                None,
+            )
+            from_step = resumed.get("from_step") if resumed else None
+            back_to = from_step if from_step is not None else first_step["step"] - 1
+            fault.update(
+                resumed_from_step=from_step,
+                snapshot=resumed.get("snapshot") if resumed else None,
+                skipped=resumed.get("skipped", []) if resumed else [],
+                steps_lost=max(0, (fault["step"] or back_to) - back_to),
+                rto_s=round(first_step["t"] - fault["fault_unix"], 4),
+                recovered_unix=first_step["t"],
+            )
+            log.warning(
+                "recovered from %s: back to step %s, %s step(s) lost, %.2f s",
+                fault["kind"],
+                back_to,
+                fault["steps_lost"],
+                fault["rto_s"],
+            )
+            self.on_recovered(dict(fault))
+
+    def _scan_snapshots(self) -> None:
+        from workers.training.checkpoint.storage import CorruptSnapshot, list_snapshots, verify
+
+        names = list_snapshots(self.snapshot_dir)
+        for name in names:
+            if name in self._snapshots:
+                continue
+            try:
+                info = verify(self.snapshot_dir, name)
+            except CorruptSnapshot as exc:
+                doc = {"name": name, "verified": False, "problem": str(exc)}
+            else:
+                body = info.manifest
+                doc = {
+                    "name": name,
+                    "step": info.step,
+                    "kind": info.kind,
+                    "bytes_written": body.get("bytes_written"),
+                    "raw_bytes": body.get("raw_bytes"),
+                    "base": info.base,
+                    "created_unix": body.get("created_unix"),
+                    "verified": True,
+                    "problem": None,
+                }
+            self._snapshots[name] = doc
+            if self.on_snapshot is not None:
+                self.on_snapshot(dict(doc))
+        for name in [n for n in self._snapshots if n not in names and not self._snapshots[n].get("removed")]:
+            self._snapshots[name] = {**self._snapshots[name], "removed": True}
+            if self.on_snapshot is not None:
+                self.on_snapshot({"name": name, "removed": True})
+
+    # ------------------------------------------------------------------------------------------- results
+
+    def finish(self) -> None:
+        """The supervised process has ended: read what is left and stop the clock."""
+        self.poll()
+        self.end_unix = time.time()
+
+    def report(self) -> dict:
+        end = self.end_unix or time.time()
+        return {
+            "restarts": self.restart,
+            "faults": [dict(f) for f in self.faults],
+            "events": [dict(e) for e in self.events],
+            "goodput": goodput(self.timeline.events, launch_unix=self.launch_unix, end_unix=end),
+            "losses": kept_losses(self.timeline.events),
+            "snapshots": [d for d in self._snapshots.values() if not d.get("removed")],
+        }

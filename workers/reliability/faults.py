@@ -1,0 +1,212 @@
+"""Fault injection: the failures elastic training must survive, fired from outside the ranks.
+
+A fault plan is a comma-separated list (``JobConfig.inject``, ``cann-train elastic --inject``)::
+
+    kill-rank@step=17,hang-rank@step=40:rank=1,corrupt-snapshot@step=30,kill-worker@step=12
+
+``kind@step=N[:rank=R]``. Each fault fires once, when the targeted rank reports step ``N`` committed (its
+``rank<r>.json`` progress file, :mod:`workers.reliability.progress`); ``rank`` defaults to the highest rank.
+
+- ``kill-rank``        SIGKILL the rank's process (a crash: OOM killer, segfault, lost device).
+- ``hang-rank``        SIGSTOP it (a hang: a stuck kernel or collective); the watcher's hang timeout must
+                       find it, it never comes back by itself.
+- ``corrupt-snapshot`` flip one byte in the middle of the newest published snapshot's largest file (bit
+                       rot, a torn write): the next resume must skip it for the previous good one. Fires at
+                       step ``N`` or, if no snapshot is published by then, as soon as one is.
+- ``kill-worker``      SIGKILL the process that supervises the ranks (the Celery worker of the node): only
+                       where the caller passes ``kill_worker`` (the control plane); its ranks die with it.
+
+Dropping a node's link needs the emulated two-tier network (network namespaces, ``comm-opt``) and is not
+offered here yet.
+
+The injector is driven by the watcher's poll loop (:meth:`FaultInjector.poll`); which faults have fired is
+kept in ``state_path`` when one is given, so that a relaunched attempt (a new supervisor) does not fire
+them again when it passes the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+KINDS = ("kill-rank", "hang-rank", "corrupt-snapshot", "kill-worker")
+MAX_FAULTS = 100
+_FAULT = re.compile(r"(?P<kind>[a-z-]+)@step=(?P<step>\d{1,9})(?::rank=(?P<rank>\d{1,6}))?")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    rank: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}@step={self.step}" + (f":rank={self.rank}" if self.rank is not None else "")
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """``kill-rank@step=17,hang-rank@step=40:rank=1`` -> faults; ``ValueError`` naming the bad item."""
+    faults: list[Fault] = []
+    for item in (part.strip() for part in str(text).split(",")):
+        if not item:
+            continue
+        m = _FAULT.fullmatch(item)
+        if not m:
+            raise ValueError(
+                f"{item!r} is not a fault: write kind@step=N or kind@step=N:rank=R "
+                f"(kinds: {', '.join(KINDS)}), e.g. kill-rank@step=17"
+            )
+        if m["kind"] not in KINDS:
+            raise ValueError(f"{m['kind']!r} is not a fault kind (known: {', '.join(KINDS)})")
+        step = int(m["step"])
+        if step < 1:
+            raise ValueError(f"{item!r}: the step must be >= 1 (faults fire after a committed step)")
+        rank = int(m["rank"]) if m["rank"] is not None else None
+        if rank is not None and m["kind"] in ("corrupt-snapshot", "kill-worker"):
+            raise ValueError(f"{item!r}: {m['kind']} takes no rank")
+        faults.append(Fault(m["kind"], step, rank))
+    if len(faults) > MAX_FAULTS:
+        raise ValueError(f"at most {MAX_FAULTS} faults, got {len(faults)}")
+    return faults
+
+
+@dataclass
+class Fired:
+    """A fault the injector fired: when, on which rank and process, at which committed step."""
+
+    fault: str
+    kind: str
+    step: int
+    rank: int | None
+    pid: int | None
+    restart: int | None
+    fired_unix: float
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        faults: list[Fault] | str,
+        *,
+        world_size: int,
+        snapshot_dir: str | Path | None = None,
+        state_path: str | Path | None = None,
+        kill_worker: Callable[[], None] | None = None,
+    ):
+        self.faults = parse_faults(faults) if isinstance(faults, str) else list(faults)
+        self.world_size = world_size
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
+        self.state_path = Path(state_path) if state_path else None
+        self.kill_worker = kill_worker
+        for f in self.faults:
+            if f.rank is not None and not 0 <= f.rank < world_size:
+                raise ValueError(f"{f}: the run has ranks 0-{world_size - 1}")
+            if f.kind == "corrupt-snapshot" and self.snapshot_dir is None:
+                raise ValueError(f"{f}: the run takes no snapshots (set a snapshot interval and directory)")
+            if f.kind == "kill-worker" and kill_worker is None:
+                raise ValueError(f"{f}: only a job supervised by a control-plane worker has a worker to kill")
+        self.fired: list[Fired] = []
+        self._done: set[str] = set(self._load_state())
+
+    def _load_state(self) -> list[str]:
+        if self.state_path is None or not self.state_path.exists():
+            return []
+        try:
+            return list(json.loads(self.state_path.read_text()).get("fired", []))
+        except (OSError, ValueError, AttributeError):
+            return []
+
+    def _save_state(self) -> None:
+        if self.state_path is None:
+            return
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"fired": sorted(self._done)}))
+        os.replace(tmp, self.state_path)
+
+    @property
+    def pending(self) -> list[Fault]:
+        return [f for f in self.faults if str(f) not in self._done]
+
+    def poll(self, progress: dict[int, dict]) -> list[Fired]:
+        """Fire the faults that are due given the ranks' progress; returns those fired now."""
+        fired = []
+        for fault in self.pending:
+            rank = self.world_size - 1 if fault.rank is None else fault.rank
+            doc = progress.get(0 if fault.kind in ("corrupt-snapshot", "kill-worker") else rank)
+            if not doc or doc.get("step") is None or doc["step"] < fault.step:
+                continue
+            if doc.get("phase") not in ("training", "finishing"):
+                continue
+            event = self._fire(fault, rank, doc)
+            if event is None:
+                continue  # not possible yet (no snapshot published): try again at the next poll
+            self._done.add(str(fault))
+            self._save_state()
+            self.fired.append(event)
+            fired.append(event)
+        return fired
+
+    def _fire(self, fault: Fault, rank: int, doc: dict) -> Fired | None:
+        now = time.time()
+        common = dict(fault=str(fault), kind=fault.kind, step=doc["step"], restart=doc.get("restart"))
+        if fault.kind in ("kill-rank", "hang-rank"):
+            sig = signal.SIGKILL if fault.kind == "kill-rank" else signal.SIGSTOP
+            try:
+                os.kill(doc["pid"], sig)
+            except ProcessLookupError:
+                return None  # it is gone already (restarting): fire on its successor
+            return Fired(**common, rank=rank, pid=doc["pid"], fired_unix=now, detail=sig.name)
+        if fault.kind == "corrupt-snapshot":
+            target = newest_snapshot_file(self.snapshot_dir)
+            if target is None:
+                return None
+            offset = flip_a_byte(target)
+            return Fired(
+                **common,
+                rank=None,
+                pid=None,
+                fired_unix=now,
+                detail=f"{target.parent.name}/{target.name}: byte {offset} flipped",
+            )
+        assert fault.kind == "kill-worker" and self.kill_worker is not None
+        self._done.add(str(fault))
+        self._save_state()  # before the worker dies with us: the next attempt must not fire it again
+        self.kill_worker()
+        return Fired(**common, rank=None, pid=os.getpid(), fired_unix=now, detail="SIGKILL")
+
+
+def newest_snapshot_file(snapshot_dir: Path | None) -> Path | None:
+    """The largest data file of the newest published snapshot (``None`` before the first one)."""
+    if snapshot_dir is None:
+        return None
+    from workers.training.checkpoint.storage import list_snapshots
+
+    for name in list_snapshots(snapshot_dir):
+        files = sorted((snapshot_dir / name).glob("rank*.bin"), key=lambda p: p.stat().st_size)
+        if files:
+            return files[-1]
+    return None
+
+
+def flip_a_byte(path: Path) -> int:
+    """Invert one byte in the middle of ``path`` (in place, fsynced). Returns its offset."""
+    size = path.stat().st_size
+    offset = size // 2
+    with path.open("r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())
+    return offset
