@@ -163,13 +163,21 @@ class ElasticWatch:
         if newest != self._advance[0]:
             self._advance = (newest, time.monotonic())
         if dead:
-            rank, doc = dead[0]
+            # the agent stops the other ranks at once: by the next poll several may be gone; the one an
+            # injected fault killed is the cause (without one, the watch cannot tell which went first)
+            injected = [(r, d) for r, d in dead if self._injected(r, d["pid"], ("kill-rank",))]
+            rank, doc = (injected or dead)[0]
             fired = self._injected(rank, doc["pid"], ("kill-rank",))
             kind = "rank-killed" if fired else "rank-failed"
             message = (
                 f"rank {rank} (pid {doc['pid']}) was killed by the injected fault {fired.fault}"
                 if fired
                 else f"rank {rank} (pid {doc['pid']}) exited during {doc.get('phase')}"
+                + (
+                    f" (ranks {', '.join(str(r) for r, _ in dead)} were gone by then)"
+                    if len(dead) > 1
+                    else ""
+                )
             )
             self._record(kind, rank, now, fired.fired_unix if fired else now, message)
             return

@@ -33,7 +33,7 @@ def render_torchrun_command(
     cmd = [
         python or sys.executable,
         "-m",
-        "torch.distributed.run",
+        "workers.training.agent",  # torchrun, forking warm ranks (agent.py)
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         f"--node-rank={node_rank}",

@@ -1,0 +1,64 @@
+"""torchrun with warm restarts: the node's agent imports the runtime once and *forks* every rank from it.
+
+``python -m workers.training.agent <torchrun's flags> -m workers.training.run --config job.json`` takes
+exactly torchrun's command line (its own parser, ``torch.distributed.run.config_from_args``) and runs
+torchrun's elastic agent (``elastic_launch``: c10d rendezvous, ``--max-restarts``, monitoring, the same
+exit codes), but with the runtime as a Python function and ``start_method="fork"``. torchrun itself starts
+each rank as a new interpreter, which imports torch and the runtime again: 4-9 s per restart on these
+2-core machines (``import workers.training.trainer`` measured 9.2 s under load), the largest part of the
+recovery time after a rank dies. Here the agent pays for the import once, before any rank exists; a
+restart forks the ranks from it in milliseconds.
+
+Safe because the agent never computes: no OpenMP pool, no CUDA/NPU context exists when it forks (importing
+torch creates neither), and each rank builds its own process groups after the fork. Only the runtime
+module (``-m workers.training.run``) runs this way; anything else is started as torchrun starts it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from workers.training import device as device_mod
+
+device_mod.prepare_environment()  # before torch is imported (torch-npu without CANN would break it)
+
+RUNTIME = "workers.training.run"
+
+
+def run_rank(*argv: str) -> int:
+    """A forked rank: the runtime's ``main`` with its own arguments (exceptions are torchrun's to record)."""
+    from workers.training import run
+
+    return run.main(list(argv))
+
+
+def fork_safe() -> bool:
+    """No accelerator runtime is initialised in this process (a forked child could not use it) and
+    ``torch_npu`` is not loaded (its import brings the CANN runtime up)."""
+    import torch
+
+    return not torch.cuda.is_initialized() and "torch_npu" not in sys.modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch.distributed.run as torchrun
+    from torch.distributed.launcher.api import elastic_launch
+
+    args = torchrun.get_args_parser().parse_args(argv)
+    config, cmd, cmd_args = torchrun.config_from_args(args)
+    if args.module and args.training_script == RUNTIME and not args.no_python:
+        import workers.training.trainer  # noqa: F401  (the import every forked rank then inherits)
+
+        if not fork_safe():  # pragma: no cover - an accelerator runtime came up during the import
+            entrypoint, entry_args = cmd, cmd_args
+        else:
+            config.start_method = "fork"
+            entrypoint, entry_args = run_rank, list(args.training_script_args)
+    else:
+        entrypoint, entry_args = cmd, cmd_args
+    elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
