@@ -5,8 +5,13 @@ with AdamW on this machine's CPU (one rank, the real ``Trainer`` and ``SnapshotM
    ``FileSystemWriter``; and our engine waited on) against the asynchronous snapshot (staging only).
 2. What the background write costs the steps that run beside it (step time with / without a write).
 3. Bytes on disk: raw state, a full zstd snapshot, and deltas taken k steps after their base.
+4. Recovery (``--parts recovery``): the same model under torchrun with restart recovery
+   (``workers.reliability``): a run without faults, then one rank SIGKILLed every ``--kill-every`` seconds
+   for ``--minutes``: kill -> next committed step (RTO, with where its seconds went) and goodput with and
+   without the kills.
 
     .venv/bin/python bench/elastic.py [--layers 12] [--hidden 768] [--ffn 2560] [--threads 1] [--json]
+        [--parts snapshots recovery] [--ranks 2] [--minutes 10] [--kill-every 60]
 
 ``--threads`` is torch's intra-op threads for training: 1 leaves the second core to the writer, as an
 accelerator's host leaves cores to the checkpoint writer (see docs/elastic.md).
@@ -156,6 +161,125 @@ def run(args) -> dict:
     return out
 
 
+def recovery(args) -> dict:
+    """Part 4: restart recovery under torchrun, with and without one rank killed every ``kill_every`` s."""
+    from workers.reliability.cli import run_elastic
+    from workers.reliability.progress import TimelineReader
+    from workers.training.config import JobConfig
+
+    work = Path(tempfile.mkdtemp(prefix="cann-recovery-bench-", dir=args.dir))
+    strategy = {"dp": args.ranks, "micro_batch_size": max(1, args.batch // args.ranks)}
+
+    def config(steps: int, **snap) -> JobConfig:
+        return JobConfig.from_dict(
+            {
+                "model": model_spec(args.layers, args.hidden, args.ffn, args.seq),
+                "strategy": strategy,
+                "training": {"global_batch_size": args.batch, "optimizer": "adamw", "dtype": "fp32"},
+                "steps": steps,
+                "lr": args.lr,
+                "warmup_steps": 10,
+                "device": "cpu",
+                "profile_every": 0,
+                **snap,
+            }
+        )
+
+    def timeline(run_dir: Path) -> list[dict]:
+        reader = TimelineReader(run_dir / "progress")
+        reader.read_new()
+        return reader.events
+
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    out: dict = {"ranks": args.ranks, "minutes": args.minutes, "kill_every_s": args.kill_every}
+    try:
+        ref = run_elastic(
+            config(args.reference_steps), args.ranks, run_dir=work / "ref", max_restarts=0, hang_timeout_s=600
+        )
+        if ref["exit_code"] != 0:
+            raise RuntimeError(f"the run without faults failed:\n{ref['log_tail']}")
+        steps = [e for e in timeline(work / "ref") if e.get("event") == "step"]
+        step_s = statistics.median(e["step_time_s"] for e in steps[2:])
+        out["reference"] = {"steps": len(steps), "step_s": step_s, "goodput": ref["report"]["goodput"]}
+        every = max(1, round(args.snapshot_interval / step_s))
+        total = max(every * 2, round(args.minutes * 60 / step_s))
+        kill_steps = range(
+            max(2, round(args.kill_every / step_s)), total, max(1, round(args.kill_every / step_s))
+        )
+        inject = ",".join(f"kill-rank@step={k}:rank={i % args.ranks}" for i, k in enumerate(kill_steps))
+        out.update(steps=total, snapshot_every=every, kills=len(kill_steps))
+        run = run_elastic(
+            config(
+                total,
+                snapshot_every=every,
+                snapshot_dir=str(work / "snapshots"),
+                snapshot_full_every=1,
+                snapshot_keep=2,
+            ),
+            args.ranks,
+            run_dir=work / "faulty",
+            max_restarts=len(kill_steps) + 2,
+            hang_timeout_s=max(60.0, 20 * step_s),
+            inject=inject,
+            timeout=args.minutes * 60 * 3 + 600,
+        )
+        out["exit_code"] = run["exit_code"]
+        events = timeline(work / "faulty")
+        faults = []
+        for f in run["report"]["faults"]:
+            if "rto_s" not in f:
+                continue
+            after = [e for e in events if e.get("restart") == f["restart"] + 1]
+            start = next((e["t"] for e in after if e["event"] == "start"), None)
+            ready = next((e["t"] for e in after if e["event"] == "ready"), None)
+            resumed = next((e for e in after if e["event"] == "resumed"), None)
+            faults.append(
+                {
+                    **{k: f[k] for k in ("step", "rto_s", "steps_lost", "resumed_from_step")},
+                    "detect_s": max(0.0, f["detected_unix"] - f["fault_unix"]),
+                    "restart_s": (start - f["detected_unix"]) if start else None,
+                    "build_s": (ready - start) if start and ready else None,
+                    "restore_s": resumed["seconds"] if resumed else None,
+                    "first_step_s": (f["recovered_unix"] - resumed["t"]) if resumed else None,
+                }
+            )
+        out["faults"] = faults
+        out["goodput"] = run["report"]["goodput"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def report_recovery(r: dict) -> str:
+    g, ref = r["goodput"], r["reference"]
+    rtos = sorted(f["rto_s"] for f in r["faults"])
+    med = statistics.median
+    lines = [
+        f"recovery: {r['ranks']} rank(s) under torchrun (restart from snapshots), step {ref['step_s']:.2f} s,"
+        f" a full snapshot every {r['snapshot_every']} steps",
+        f"  {r['kills']} rank kills in {r['steps']} steps ({r['minutes']:g} min at the reference pace), one every"
+        f" {r['kill_every_s']:g} s; {len(rtos)} recovered, exit code {r['exit_code']}",
+    ]
+    if rtos:
+        part = {
+            k: med([f[k] for f in r["faults"] if f[k] is not None] or [0.0])
+            for k in ("detect_s", "restart_s", "build_s", "restore_s", "first_step_s")
+        }
+        lines += [
+            f"  kill -> next committed step: median {med(rtos):.2f} s (min {rtos[0]:.2f}, max {rtos[-1]:.2f};"
+            " goal <= 5 s)",
+            "    where it goes (medians): "
+            + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.2f} s" for k, v in part.items()),
+            f"  steps lost per kill: median {med([f['steps_lost'] for f in r['faults']]):.0f}",
+        ]
+    lines += [
+        f"  goodput with the kills {g['goodput']:.1%} of {g['wall_s']:.0f} s (goal >= 90%); without faults"
+        f" {ref['goodput']['goodput']:.1%} ({ref['steps']} steps: start-up weighs more in a short run)",
+        "    badput: " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s" for k, v in g["badput"].items()),
+    ]
+    return "\n".join(lines)
+
+
 def gradient_bytes(trainer) -> int:
     """One step's gradients, byte-shuffled zstd like a full frame: what a delta that logs the optimizer's
     inputs (and replays them on the base) would store per step. A forward/backward without an optimizer
@@ -247,10 +371,23 @@ def main() -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[1, 4], help="delta taken k steps after its base")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dir", default=None, help="scratch directory (default: the system temp dir)")
+    parser.add_argument(
+        "--parts", nargs="+", choices=["snapshots", "recovery"], default=["snapshots", "recovery"]
+    )
+    parser.add_argument("--ranks", type=int, default=2, help="data-parallel ranks of the recovery runs")
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the run with kills")
+    parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between two rank kills")
+    parser.add_argument("--snapshot-interval", type=float, default=12.0, help="seconds between snapshots")
+    parser.add_argument("--reference-steps", type=int, default=40, help="steps of the run without faults")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = run(args)
-    print(json.dumps(result) if args.json else report(result))
+    result = {}
+    if "snapshots" in args.parts:
+        result["snapshots"] = run(args)
+        print(json.dumps(result["snapshots"]) if args.json else report(result["snapshots"]), flush=True)
+    if "recovery" in args.parts:
+        result["recovery"] = recovery(args)
+        print(json.dumps(result["recovery"]) if args.json else "\n" + report_recovery(result["recovery"]))
     return 0
 
 
