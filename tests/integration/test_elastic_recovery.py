@@ -52,11 +52,14 @@ def test_kill_hang_and_a_corrupt_snapshot_are_survived_bit_for_bit(tmp_path):
     kinds = [f["kind"] for f in r["faults"]]
     assert kinds == ["corrupt-snapshot", "rank-killed", "rank-hung"], r["faults"]
     corrupt, killed, hung = r["faults"]
-    assert corrupt["message"].startswith("step-00000004/")
-    # the corrupt step-4 snapshot was skipped, and nothing older existed: back to the start
-    assert [s["name"] for s in killed["skipped"]] == ["step-00000004"]
+    # the newest published snapshot was corrupted (faults fire in the order written): the restart after the
+    # kill skipped it for an older one (or the start), never used it
+    damaged = corrupt["message"].split("/")[0]
+    assert damaged in ("step-00000004", "step-00000008")
+    assert [s["name"] for s in killed["skipped"]] == [damaged]
     assert "sha256 mismatch" in killed["skipped"][0]["reason"]
-    assert killed["resumed_from_step"] is None and killed["steps_lost"] == killed["step"]
+    assert (killed["resumed_from_step"] or 0) < int(damaged[5:])
+    assert killed["steps_lost"] == killed["step"] - (killed["resumed_from_step"] or 0)
     assert (
         hung["resumed_from_step"] in (8, 12)
         and hung["steps_lost"] == hung["step"] - hung["resumed_from_step"]
@@ -99,6 +102,19 @@ def test_other_layouts_recover_to_the_reference_loss(model, strategy, tmp_path):
         and killed["steps_lost"] == killed["step"] - killed["resumed_from_step"]
     )
     assert r["steps_compared"] == 10 and r["loss_matches_reference"], r
+
+
+def test_the_in_memory_tier_loses_at_most_its_interval_and_nothing_else(tmp_path):
+    code, r, err = elastic(
+        "--model", str(EXAMPLES / "tiny-dense.json"), "--strategy", strategy_file(tmp_path, dp=2, micro_batch_size=2),
+        "--steps", "16", "--global-batch-size", "8", "--snapshot-every", "8", "--snapshot-memory-every", "2",
+        "--inject", "kill-rank@step=5,kill-rank@step=11:rank=0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert [(f["kind"], f["tier"]) for f in r["faults"]] == [("rank-killed", "memory")] * 2
+    # from RAM: back at most 2 steps (a disk snapshot every 8 would have meant up to 8)
+    assert all(f["steps_lost"] <= 2 and f["resumed_from_step"] % 2 == 0 for f in r["faults"])
+    assert r["loss_bitwise_equal"] and r["steps_compared"] == 16
 
 
 def test_a_run_out_of_restarts_fails_and_says_so(tmp_path):

@@ -87,6 +87,14 @@ def test_a_fault_fires_once_on_a_real_process_and_not_again_after_a_relaunch(tmp
         victim.wait()
 
 
+def test_faults_fire_in_the_order_written(tmp_path):
+    injector = FaultInjector("corrupt-snapshot@step=2,kill-rank@step=3", world_size=2, snapshot_dir=tmp_path)
+    doc = {"rank": 0, "pid": 2**22 + 12345, "phase": "training", "restart": 0, "step": 5}
+    # no snapshot published yet: the corruption waits, and the kill after it waits too
+    assert injector.poll({0: doc, 1: {**doc, "rank": 1}}) == []
+    assert [str(f) for f in injector.pending] == ["corrupt-snapshot@step=2", "kill-rank@step=3"]
+
+
 def test_flipping_a_byte_changes_exactly_one(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 4)

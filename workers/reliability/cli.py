@@ -59,6 +59,12 @@ def register(subparsers) -> None:
         help="a full snapshot every 4, lossless deltas in between (default: every snapshot full)",
     )
     el.add_argument("--snapshot-keep", type=int, default=3)
+    el.add_argument(
+        "--snapshot-memory-every",
+        type=int,
+        default=0,
+        help="also keep each rank's state in RAM every N steps: a restarted rank reloads it without disk",
+    )
     el.add_argument("--snapshot-dir", help="default: a temporary directory")
     el.add_argument("--max-restarts", type=int, default=10, help="torchrun restarts allowed (restart)")
     el.add_argument(
@@ -169,19 +175,28 @@ def elastic_result(run: dict, reference: dict | None, *, recovery: str) -> dict:
             "rto_s": f.get("rto_s"),
             "steps_lost": f.get("steps_lost"),
             "resumed_from_step": f.get("resumed_from_step"),
+            "tier": f.get("tier"),
             "skipped": f.get("skipped", []),
             "message": f["message"],
+            "at_unix": f["fault_unix"],
         }
         for f in report["faults"]
     ] + [
-        {"kind": e["kind"], "step": e["step"], "rto_s": None, "steps_lost": 0, "message": e["detail"]}
+        {
+            "kind": e["kind"],
+            "step": e["step"],
+            "rto_s": None,
+            "steps_lost": 0,
+            "message": e["detail"],
+            "at_unix": e["fired_unix"],
+        }  # fmt: skip
         for e in report["events"]
     ]
     out = {
         "recovery": recovery,
         "steps": max(losses) if losses else 0,
         "restarts": report["restarts"],
-        "faults": sorted(faults, key=lambda f: f["step"] or 0),
+        "faults": sorted(faults, key=lambda f: f["at_unix"]),
         "snapshots": snapshot_figures(run["all_snapshots"], stalls),
         "goodput": report["goodput"]["goodput"],
         "goodput_detail": report["goodput"],
@@ -201,7 +216,7 @@ def elastic_command(args: argparse.Namespace) -> int:
     from workers.training.config import ConfigError
 
     try:
-        for flag in ("steps", "snapshot_every", "snapshot_keep", "max_restarts"):
+        for flag in ("steps", "snapshot_every", "snapshot_keep", "max_restarts", "snapshot_memory_every"):
             if getattr(args, flag) < (1 if flag in ("steps", "snapshot_keep") else 0):
                 raise ConfigError(f"--{flag.replace('_', '-')}", f"must be >= 0, got {getattr(args, flag)}")
         if args.hang_timeout <= 0:
@@ -216,7 +231,13 @@ def elastic_command(args: argparse.Namespace) -> int:
             raise ConfigError("--snapshot-every", "restart recovery needs snapshots (K >= 1)")
         # the snapshot flags are this command's to apply (the reference runs without snapshots)
         plain = argparse.Namespace(
-            **{**vars(args), "snapshot_every": None, "snapshot_keep": None, "snapshot_dir": None}
+            **{
+                **vars(args),
+                "snapshot_every": None,
+                "snapshot_keep": None,
+                "snapshot_dir": None,
+                "snapshot_memory_every": None,
+            }
         )
         base = build_job_config(plain)
         nproc = args.nproc if args.nproc is not None else base.world_size
@@ -236,6 +257,7 @@ def elastic_command(args: argparse.Namespace) -> int:
             snapshot_dir=str(snapshot_dir),
             snapshot_full_every=4 if args.incremental else 1,
             snapshot_keep=args.snapshot_keep,
+            snapshot_memory_every=args.snapshot_memory_every,
         )
         reference = None
         t0 = time.monotonic()

@@ -19,8 +19,8 @@ Dict shapes (also what :meth:`ElasticWatch.report` returns):
 
 - fault: ``{"kind": "rank-killed"|"rank-hung"|"rank-failed", "rank", "step", "restart", "detected_unix",
   "fault_unix", "message"}`` (``fault_unix``: when an injected fault fired, else when it was detected)
-- recovery: the fault's keys + ``{"resumed_from_step", "snapshot", "steps_lost", "rto_s", "recovered_unix",
-  "skipped"}`` (``rto_s``: from the fault to the first step committed after it)
+- recovery: the fault's keys + ``{"resumed_from_step", "snapshot", "tier" (memory|disk), "steps_lost", "rto_s",
+  "recovered_unix", "skipped"}`` (``rto_s``: from the fault to the first step committed after it)
 - snapshot: ``{"name", "step", "kind", "bytes_written", "raw_bytes", "base", "created_unix", "verified",
   "problem"}``, or ``{"name", "removed": True}`` when retention (or a restore) took it away
 - goodput: :func:`workers.reliability.goodput.goodput`
@@ -246,6 +246,7 @@ class ElasticWatch:
             fault.update(
                 resumed_from_step=from_step,
                 snapshot=resumed.get("snapshot") if resumed else None,
+                tier=resumed.get("tier") if resumed else None,
                 skipped=resumed.get("skipped", []) if resumed else [],
                 steps_lost=max(0, (fault["step"] or back_to) - back_to),
                 rto_s=round(first_step["t"] - fault["fault_unix"], 4),
@@ -298,6 +299,10 @@ class ElasticWatch:
         """The supervised process has ended: read what is left and stop the clock."""
         self.poll()
         self.end_unix = time.time()
+        if self.snapshot_dir is not None:
+            from workers.training.checkpoint import memory
+
+            memory.remove(self.snapshot_dir)  # the run is over: free the RAM of its in-memory snapshots
 
     def report(self) -> dict:
         end = self.end_unix or time.time()

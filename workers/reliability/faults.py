@@ -6,6 +6,7 @@ A fault plan is a comma-separated list (``JobConfig.inject``, ``cann-train elast
 
 ``kind@step=N[:rank=R]``. Each fault fires once, when the targeted rank reports step ``N`` committed (its
 ``rank<r>.json`` progress file, :mod:`workers.reliability.progress`); ``rank`` defaults to the highest rank.
+Faults fire in the order written: one waits until those before it have fired (a plan is a scenario).
 
 - ``kill-rank``        SIGKILL the rank's process (a crash: OOM killer, segfault, lost device).
 - ``hang-rank``        SIGSTOP it (a hang: a stuck kernel or collective); the watcher's hang timeout must
@@ -140,16 +141,16 @@ class FaultInjector:
     def poll(self, progress: dict[int, dict]) -> list[Fired]:
         """Fire the faults that are due given the ranks' progress; returns those fired now."""
         fired = []
-        for fault in self.pending:
+        for fault in self.pending:  # in the order written: a fault waits for the ones before it
             rank = self.world_size - 1 if fault.rank is None else fault.rank
             doc = progress.get(0 if fault.kind in ("corrupt-snapshot", "kill-worker") else rank)
             if not doc or doc.get("step") is None or doc["step"] < fault.step:
-                continue
+                break
             if doc.get("phase") not in ("training", "finishing"):
-                continue
+                break
             event = self._fire(fault, rank, doc)
             if event is None:
-                continue  # not possible yet (no snapshot published): try again at the next poll
+                break  # not possible yet (no snapshot published): try again at the next poll
             self._done.add(str(fault))
             self._save_state()
             self.fired.append(event)

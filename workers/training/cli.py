@@ -57,6 +57,11 @@ def register(subparsers) -> None:
     )
     snap.add_argument("--snapshot-keep", type=int, help="snapshots to keep (default 3)")
     snap.add_argument(
+        "--snapshot-memory-every",
+        type=int,
+        help="also keep each rank's state in this node's RAM every N steps (a restarted rank reloads it)",
+    )
+    snap.add_argument(
         "--resume",
         action="store_true",
         help="continue from the newest good snapshot in --snapshot-dir (from step 0 if there is none)",
@@ -94,7 +99,13 @@ def build_job_config(args: argparse.Namespace):
         if getattr(args, flag) is not None:
             config[key] = getattr(args, flag)
     config["profile_every"] = args.profile_every
-    for flag in ("snapshot_every", "snapshot_dir", "snapshot_full_every", "snapshot_keep"):
+    for flag in (
+        "snapshot_every",
+        "snapshot_dir",
+        "snapshot_full_every",
+        "snapshot_keep",
+        "snapshot_memory_every",
+    ):
         if getattr(args, flag, None) is not None:
             config[flag] = getattr(args, flag)
     if getattr(args, "resume", False):
@@ -140,7 +151,9 @@ def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = 
         return json.loads(summary_path.read_text())
 
 
-_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Snapshot)): (.+)$")
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Snapshot)): (.+)$"
+)
 
 
 def _tail(path: Path, lines: int = 25) -> str:

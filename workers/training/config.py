@@ -209,6 +209,9 @@ class JobConfig:
     """Snapshots kept (retention), plus the full snapshot each kept delta needs."""
     resume: bool = False
     """Continue from the newest snapshot in ``snapshot_dir`` that verifies (from ``start_step`` if none)."""
+    snapshot_memory_every: int = 0
+    """Also copy each rank's state into the node's RAM every N steps (0: never): a rank that dies on a node
+    that lives on restarts from there without reading disk (``checkpoint/memory.py``)."""
     resume_from: str | None = None
     """Continue from exactly this snapshot (``step-00000020``; a restore): it must verify, and the newer ones
     are set aside as ``<name>.superseded``. Implies ``resume``."""
@@ -283,7 +286,9 @@ class JobConfig:
             fail("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
         if self.inter_node_latency_us < 0:
             fail("inter_node_latency_us", f"must be >= 0, got {self.inter_node_latency_us}")
-        if (self.snapshot_every or self.resume or self.resume_from) and not self.snapshot_dir:
+        if (
+            self.snapshot_every or self.resume or self.resume_from or self.snapshot_memory_every
+        ) and not self.snapshot_dir:
             fail("snapshot_dir", "is required with snapshot_every, resume or resume_from")
         if errors:
             raise ConfigError(errors)
@@ -320,7 +325,15 @@ class JobConfig:
                 kwargs[name] = _float(kwargs, name, "config", 0.0)
         if kwargs.get("comm_hook") is not None:
             _check_comm_hook(str(kwargs["comm_hook"]))
-        for name in ("steps", "seed", "profile_every", "start_step", "warmup_steps", "snapshot_every"):
+        for name in (
+            "steps",
+            "seed",
+            "profile_every",
+            "start_step",
+            "warmup_steps",
+            "snapshot_every",
+            "snapshot_memory_every",
+        ):
             if name in kwargs:
                 kwargs[name] = _int(kwargs, name, "config", minimum=0)
         for name in ("snapshot_full_every", "snapshot_keep"):

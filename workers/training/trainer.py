@@ -30,6 +30,7 @@ from workers.reliability.progress import ProgressWriter, process_start_unix, res
 from workers.training import device as device_mod
 from workers.training import system_metrics
 from workers.training.checkpoint import SnapshotManager, SnapshotRecord
+from workers.training.checkpoint.memory import MemorySnapshots
 from workers.training.checkpoint.state import (
     capture_rng,
     pack_tensors,
@@ -39,6 +40,7 @@ from workers.training.checkpoint.state import (
     unpack_tensors,
     unsuffix_keys,
 )
+from workers.training.checkpoint.storage import list_snapshots, snapshot_name, step_of
 from workers.training.config import JobConfig
 from workers.training.data import ShardedTokenLoader, TokenCorpus
 from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
@@ -170,9 +172,9 @@ class Trainer:
         """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
         self.snapshot_prepare_s = 0.0
         self.snapshots: SnapshotManager | None = None
-        self.resuming = cfg.resume or bool(self.restart and cfg.snapshot_every)
+        self.resuming = cfg.resume or bool(self.restart and (cfg.snapshot_every or cfg.snapshot_memory_every))
         """Resume at the start of :meth:`train`: asked for, or a torchrun restart of a snapshotting run."""
-        if cfg.snapshot_every or self.resuming:
+        if cfg.snapshot_every or cfg.snapshot_memory_every or self.resuming:
             # a gloo group of its own: DCP's planning collectives run in the writer thread, on CPU tensors,
             # and never queue behind (or between) the training collectives of the default group
             group = dist.new_group(backend="gloo", timeout=SNAPSHOT_GROUP_TIMEOUT)
@@ -187,6 +189,12 @@ class Trainer:
                 log=self._print,
                 fresh=not self.resuming,
             )
+        self.memory: MemorySnapshots | None = None
+        """The in-memory tier (``snapshot_memory_every``): this rank's newest state in the node's RAM."""
+        if cfg.snapshot_memory_every:
+            self.memory = MemorySnapshots(cfg.snapshot_dir, rank, self.layout())
+            if not self.resuming:
+                self.memory.clear()  # another run's state under the same directory is not ours
         if self.progress is not None:
             self.progress.event("ready")
 
@@ -357,6 +365,7 @@ class Trainer:
                     "resumed",
                     from_step=self.step if resumed["from"] else None,
                     snapshot=resumed["from"],
+                    tier=resumed.get("tier", "disk"),
                     seconds=resumed["seconds"],
                     skipped=resumed["skipped"],
                 )
@@ -696,6 +705,10 @@ class Trainer:
         t0 = time.perf_counter()
         # a chosen snapshot (a restore) on the first start only: a torchrun restart continues from the newest
         exactly = self.cfg.resume_from if self.restart == 0 else None
+        if exactly is None and self.memory is not None:
+            in_memory = self._resume_from_memory(t0)
+            if in_memory is not None:
+                return in_memory
         info, skipped = self.snapshots.latest_good(exactly)
         for s in skipped:
             self._print(f"resume: skipped snapshot {s.name}: {s.reason}")
@@ -733,11 +746,53 @@ class Trainer:
         self.resumed = out
         return out
 
+    def _resume_from_memory(self, t0: float) -> dict | None:
+        """Resume from the in-memory tier when every rank holds a common step there that is at least as
+        new as the newest disk snapshot (listed on rank 0); ``None``: use the disk."""
+        steps = sorted(self.memory.steps())
+        newest_disk = None
+        if self.rank == 0:
+            names = list_snapshots(self.cfg.snapshot_dir)
+            newest_disk = step_of(names[0]) if names else None
+        offers: list = [None] * self.world_size
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_gather_object(offers, (steps, newest_disk))
+        else:
+            offers = [(steps, newest_disk)]
+        common = set(offers[0][0]).intersection(*(set(o[0]) for o in offers[1:]))
+        disk = offers[0][1]
+        if not common or (disk is not None and max(common) < disk):
+            return None
+        step = max(common)
+        target = self.snapshot_state(rank_entries=False)
+        self.memory.load(step, target, self._rank_prefix())
+        notes = self.restore_state(target)
+        out = {
+            "from": snapshot_name(step),
+            "tier": "memory",
+            "step": self.step,
+            "kind": "memory",
+            "same_layout": True,
+            "skipped": [],
+            "notes": notes,
+            "seconds": round(time.perf_counter() - t0, 4),
+        }
+        self._print(
+            f"resume: continuing from the in-memory snapshot of step {step} in {out['seconds']:.2f} s"
+        )
+        self.resumed = out
+        return out
+
     def _snapshot_after(self, result: StepResult) -> None:
         """Called after every step: completes a finished background write's bookkeeping and, every
-        ``snapshot_every`` steps, snapshots (the stall lands in ``result.snapshot_stall_s``)."""
+        ``snapshot_every`` steps, snapshots (the stall lands in ``result.snapshot_stall_s``); every
+        ``snapshot_memory_every`` steps copies the state into the in-memory tier (its stall too)."""
         assert self.snapshots is not None
         self.snapshots.poll()
+        if self.memory is not None and self.step % self.cfg.snapshot_memory_every == 0:
+            t_mem = time.perf_counter()
+            self.memory.save(self.step, self.snapshot_state())
+            result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + time.perf_counter() - t_mem
         every = self.cfg.snapshot_every
         if not every or self.step % every:
             return
@@ -747,7 +802,7 @@ class Trainer:
         record: SnapshotRecord = self.snapshots.save(
             self.step, self.snapshot_state, info={"loss": result.loss, "attempt": self.attempt}
         )
-        result.snapshot_stall_s = record.stall_s
+        result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s
 
     def _snapshot_summary(self) -> dict:
         records = self.snapshots.records if self.snapshots is not None else []
@@ -774,6 +829,8 @@ class Trainer:
                 close()  # worker threads of powerSGD / hierarchical
         if self.snapshots is not None and succeeded:
             self.snapshots.close()  # the write in flight uses the snapshot group: before any teardown
+        if self.memory is not None and succeeded:
+            self.memory.clear()  # the run is over: the disk holds its last snapshot
         if not (succeeded and dist.is_initialized()):
             return
         # Training is over and its results are out: a teardown that hangs must not hold the job forever.
