@@ -212,6 +212,10 @@ class JobConfig:
     snapshot_memory_every: int = 0
     """Also copy each rank's state into the node's RAM every N steps (0: never): a rank that dies on a node
     that lives on restarts from there without reading disk (``checkpoint/memory.py``)."""
+    rescale: bool = False
+    """Accept a world size other than the strategy's (torchrun ``--nnodes MIN:MAX`` after a node was lost or
+    came back): the layout for the ranks present is chosen by ``workers.reliability.scaling.replan`` and the
+    state resharded from the newest snapshot. Off: a different world size is an error."""
     resume_from: str | None = None
     """Continue from exactly this snapshot (``step-00000020``; a restore): it must verify, and the newer ones
     are set aside as ``<name>.superseded``. Implies ``resume``."""
@@ -339,6 +343,8 @@ class JobConfig:
         for name in ("snapshot_full_every", "snapshot_keep"):
             if name in kwargs:
                 kwargs[name] = _int(kwargs, name, "config", minimum=1)
+        if not isinstance(kwargs.get("rescale", False), bool):
+            raise ConfigError("rescale", f"must be true or false, got {kwargs['rescale']!r}")
         if not isinstance(kwargs.get("resume", False), bool):
             raise ConfigError("resume", f"must be true or false, got {kwargs['resume']!r}")
         if kwargs.get("resume_from") is not None:

@@ -12,6 +12,9 @@ import os
 import socket
 import sys
 
+LAST_CALL_TIMEOUT_S = 5
+"""With ``--nnodes MIN:MAX``: once MIN nodes have joined a rendezvous, how long it waits for more (torch's
+default is 30 s, all of it added to the recovery time of a job that lost a node)."""
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
@@ -24,23 +27,34 @@ def render_torchrun_command(
     run_id: str,
     max_restarts: int = 0,
     *,
+    min_nodes: int | None = None,
     summary_path: str | None = None,
     python: str | None = None,
 ) -> list[str]:
     """argv for one node. Run it with ``env={**os.environ, **TORCHRUN_ENV}``."""
+    if min_nodes is not None and not 1 <= min_nodes <= nnodes:
+        raise ValueError(f"bad elastic range: min_nodes={min_nodes} nnodes={nnodes}")
     if nnodes < 1 or nproc_per_node < 1 or not 0 <= node_rank < nnodes:
         raise ValueError(f"bad layout: nnodes={nnodes} nproc_per_node={nproc_per_node} node_rank={node_rank}")
     cmd = [
         python or sys.executable,
         "-m",
         "workers.training.agent",  # torchrun, forking warm ranks (agent.py)
-        f"--nnodes={nnodes}",
+        f"--nnodes={nnodes}"
+        if min_nodes is None or min_nodes == nnodes
+        else f"--nnodes={min_nodes}:{nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         f"--node-rank={node_rank}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={run_id}",
         f"--max-restarts={max_restarts}",
+        *(
+            # an elastic range: a re-formed group waits this long for more nodes than the minimum, not 30 s
+            [f"--rdzv-conf=last_call_timeout={LAST_CALL_TIMEOUT_S}"]
+            if min_nodes is not None and min_nodes < nnodes
+            else []
+        ),
         "-m",
         "workers.training.run",
         "--config",

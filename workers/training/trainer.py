@@ -104,10 +104,17 @@ class Trainer:
         if self.progress is not None:
             self.progress.update("starting")
             self.progress.event("start", t=process_start_unix())
+        self.rescaled: dict | None = None
+        """When torchrun started another number of ranks than the strategy's (``rescale``): the decision."""
         if cfg.world_size != world_size:
-            raise ValueError(
-                f"strategy needs tp*pp*dp*cp = {cfg.world_size} processes, torchrun started {world_size}"
-            )
+            if not cfg.rescale:
+                raise ValueError(
+                    f"strategy needs tp*pp*dp*cp = {cfg.world_size} processes, torchrun started {world_size}"
+                )
+            from workers.reliability.scaling import replan
+
+            cfg, self.rescaled = replan(cfg, world_size)
+            self.cfg = cfg
         self.device_choice = device_mod.select_device(cfg.device if cfg.device != "auto" else None)
         self.device = self.device_choice.device_for_local_rank(local_rank)
         if self.device.type != "cpu":
@@ -195,6 +202,12 @@ class Trainer:
             self.memory = MemorySnapshots(cfg.snapshot_dir, rank, self.layout())
             if not self.resuming:
                 self.memory.clear()  # another run's state under the same directory is not ours
+        if self.rescaled is not None:
+            d = self.rescaled
+            self._print(
+                f"layout for {d['to_world_size']} rank(s) (the strategy is for {d['from_world_size']}): "
+                f"{d['how']} ({d['strategy_before']} -> {d['strategy_after']})"
+            )
         if self.progress is not None:
             self.progress.event("ready")
 
@@ -723,6 +736,9 @@ class Trainer:
             prefixes = (self._rank_prefix(),) if same_layout else ()
             self.snapshots.load(info, target, extra_prefixes=prefixes)
             notes = self.restore_state(target)
+            taken_on = info.manifest.get("layout") or {}
+            if taken_on.get("world_size") not in (None, self.world_size) and taken_on.get("strategy"):
+                self._log_scaling(taken_on["strategy"])
             out.update(
                 {
                     "from": info.name,
@@ -745,6 +761,23 @@ class Trainer:
         out["seconds"] = round(time.perf_counter() - t0, 4)
         self.resumed = out
         return out
+
+    def _log_scaling(self, before_strategy: dict) -> None:
+        """The run continues on another number of ranks than the snapshot's: say so, with the planner's
+        predicted throughput before and after (rank 0's log and timeline)."""
+        from workers.reliability.scaling import between
+
+        d = between(self.cfg, before_strategy)
+        if self.rescaled is not None:
+            d["how"] = self.rescaled["how"]
+        before, after = d["predicted_before"] or {}, d["predicted_after"] or {}
+        self._print(
+            f"{d['action']}: {d['from_world_size']} -> {d['to_world_size']} rank(s), {d['strategy_before']} -> "
+            f"{d['strategy_after']}, global batch {d['global_batch_size']} kept; planner's prediction "
+            f"{before.get('tokens_per_s', '?')} -> {after.get('tokens_per_s', '?')} tokens/s"
+        )
+        if self.progress is not None:
+            self.progress.event("rescaled", **d)
 
     def _resume_from_memory(self, t0: float) -> dict | None:
         """Resume from the in-memory tier when every rank holds a common step there that is at least as
