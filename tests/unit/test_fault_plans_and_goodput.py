@@ -164,3 +164,43 @@ def test_goodput_counts_a_re_run_step_as_lost_once_and_productive_once():
 def test_goodput_of_nothing_is_not_a_number_made_up():
     assert goodput([], launch_unix=5.0, end_unix=5.0)["goodput"] is None
     assert json.dumps(goodput([], launch_unix=5.0, end_unix=6.0))  # serialisable
+
+
+def test_eti_multiplies_its_factors_and_names_what_is_missing():
+    from workers.reliability.maturity import eti, goodput_factor, scaling_efficiency, utilisation
+
+    se = scaling_efficiency(1500.0, 2, 1000.0, "measured one-device job 7")
+    ut = utilisation(0.02, 0.1, "cluster spec device.peak_tflops.fp32")
+    gp = goodput_factor({"goodput": 0.9, "wall_s": 100.0, "productive_s": 90.0, "badput": {"restore_s": 1.0}})
+    out = eti([se, ut, gp])
+    assert se.value == 0.75 and ut.value == 0.2 and out["eti"] == round(0.75 * 0.2 * 0.9, 5)
+    assert out["factors"][0]["inputs"] == {
+        "tokens_per_s": 1500.0,
+        "world_size": 2,
+        "one_device_tokens_per_s": 1000.0,
+    }
+    unknown = eti([se, utilisation(0.02, None, "no peak known for cpu"), gp])
+    assert unknown["eti"] is None and unknown["missing"] == [
+        "device_utilisation: no measured TFLOP/s or no device peak"
+    ]
+
+
+def test_maturity_level_is_the_highest_whose_criteria_all_hold():
+    from workers.reliability.maturity import maturity
+
+    plain = maturity({"strategy": {"dp": 2}}, from_plan=False, ran=True, max_restarts=3)
+    assert plain["level"] == 1
+    assert [c["name"] for c in plain["criteria"] if not c["met"]][0] == "strategy chosen by the planner"
+    full = maturity({"comm_hook": "topk_ef", "snapshot_every": 10, "snapshot_memory_every": 2}, from_plan=True,
+                    ran=True, max_restarts=3, recovered=2)  # fmt: skip
+    assert full["level"] == 4  # L5 needs green scheduling and risk prevention, not in this version
+    assert {c["name"]: c["available"] for c in full["criteria"] if c["level"] == 5} == {
+        "carbon-aware (green) scheduling": False,
+        "fault-risk prediction and prevention": False,
+    }
+    assert full["extras"] == ["in-memory snapshot tier", "recovered from 2 fault(s) in this run"]
+    no_restarts = maturity(
+        {"comm_hook": "fp16", "snapshot_every": 10}, from_plan=True, ran=True, max_restarts=0
+    )
+    assert no_restarts["level"] == 3
+    assert maturity({}, from_plan=True, ran=False, max_restarts=3)["level"] == 0  # planned, never ran
