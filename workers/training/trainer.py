@@ -831,11 +831,14 @@ class Trainer:
             return
         if not self.snapshots.records and not self.snapshot_prepare_s:
             state = self.snapshot_state()
-            self.snapshot_prepare_s = self.snapshots.prepare(state)  # start-up cost, not a stall
+            self.snapshot_prepare_s = self.snapshots.prepare(state)  # one-off, also reported apart
+            prepared = self.snapshot_prepare_s  # the training thread waited for it: badput for goodput
+        else:
+            prepared = 0.0
         record: SnapshotRecord = self.snapshots.save(
             self.step, self.snapshot_state, info={"loss": result.loss, "attempt": self.attempt}
         )
-        result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s
+        result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s + prepared
 
     def _snapshot_summary(self) -> dict:
         records = self.snapshots.records if self.snapshots is not None else []
