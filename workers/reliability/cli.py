@@ -334,8 +334,26 @@ def _hot_swap(args, cfg, nproc: int, faults) -> int:
             print(f"cann-train elastic: invalid input: {exc}", file=sys.stderr)
             return 2
     result["recovery"] = "hot-swap"
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    print(json.dumps(result) if args.json else format_hot_swap(result))
     return 0
+
+
+def format_hot_swap(r: dict) -> str:
+    rows = [f"{r['steps']} steps on {r['replicas']} replicas, recovery hot-swap"]
+    for f in r["faults"]:
+        rto = f"{f['rto_s']:.2f} s" if f.get("rto_s") is not None else "-"
+        back = f"{f['rejoin_s']:.2f} s" if f.get("rejoin_s") is not None else "not back before the end"
+        rows.append(
+            f"  replica {f['replica']} killed at step {f['step']}: survivors' next committed step after {rto}, "
+            f"replica back after {back}, {f['steps_lost']} step(s) lost"
+        )
+    g = r.get("goodput") or {}
+    if g.get("goodput") is not None:
+        rows.append(f"  goodput {g['goodput']:.1%} of {g['wall_s']:.1f} s")
+    rows.append(
+        f"  loss {r['loss_last']:.6f}; state checksums equal after the rejoin: {r['checksums_equal_after_rejoin']}"
+    )
+    return "\n".join(rows)
 
 
 def format_result(r: dict) -> str:
