@@ -9,6 +9,7 @@ import csv
 import io
 
 import pytest
+from playwright.sync_api import expect
 from rest_framework.test import APIClient
 
 from tests.browser.test_job_pages import log_in
@@ -183,7 +184,7 @@ def test_tags_and_notes_are_edited_from_the_list_and_the_job_page(live_stack, pa
     page.click("#annotate-save")
     page.wait_for_selector("#annotate-dialog", state="hidden")
     chips = f"#job-table tr[data-job='{job.pk}'] td[data-col=tags] .tag"
-    assert page.locator(chips).all_inner_texts() == ["baseline", "lr-sweep"]
+    expect(page.locator(chips)).to_have_text(["baseline", "lr-sweep"])  # the row is redrawn after the save
     assert "first try" in page.inner_text(f"#job-table tr[data-job='{job.pk}'] .note-snippet")
     job.refresh_from_db()
     assert job.tags == ["baseline", "lr-sweep"] and job.notes == "first try\nwith lr 3e-4"

@@ -166,3 +166,12 @@ def test_bad_elastic_flags_are_refused_before_anything_runs(flags, says, tmp_pat
     code, _, err = elastic("--model", str(EXAMPLES / "tiny-dense.json"), "--strategy",
                            strategy_file(tmp_path, dp=2), *flags)  # fmt: skip
     assert code == 2 and says in err, err
+
+
+def test_a_run_resumed_at_its_last_step_ends_at_once_and_says_so(tmp_path):
+    snap = str(tmp_path / "snap")
+    run_local(job("tiny-dense.json", {}, steps=4, snapshot_every=2, snapshot_dir=snap), 1, timeout=120)
+    again = run_local(
+        job("tiny-dense.json", {}, steps=4, snapshot_every=2, snapshot_dir=snap, resume=True), 1, timeout=120
+    )
+    assert again["steps"] == 0 and again["note"] == "nothing left to train: resumed at step 4 of 4"

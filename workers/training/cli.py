@@ -167,6 +167,8 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def format_summary(s: dict) -> str:
+    if not s.get("steps"):
+        return f"{s['model']} on {s['world_size']} x {s['device']} ({s['strategy']}): {s.get('note', 'no steps')}"
     rows = [
         f"trained {s['model']} on {s['world_size']} x {s['device']} ({s['strategy']}), {s['steps']} steps",
         f"  loss          {s['loss_first']:.4f} -> {s['loss_last']:.4f}",

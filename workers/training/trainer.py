@@ -514,6 +514,18 @@ class Trainer:
 
     def summary(self) -> dict:
         h = self.history
+        if not h:  # resumed at the last step (a run that died after its final snapshot): nothing to train
+            return {
+                "world_size": self.world_size,
+                "strategy": self.cfg.strategy.short_name(),
+                "model": self.cfg.model.name,
+                "device": self.device_choice.kind,
+                "steps": 0,
+                "tokens_per_step": self.tokens_per_step,
+                "losses": [],
+                "note": f"nothing left to train: resumed at step {self.step} of {self.cfg.start_step + self.cfg.steps}",
+                **self._snapshot_summary(),
+            }
         # Steady-state figures skip the first step (process-group warm-up, allocator growth) and the
         # profiled steps (the profiler slows them) when any other step is left.
         steady = [r for r in h[1:] if not r.profiled] or h[1:] or h
