@@ -20,6 +20,9 @@ class JobState(models.TextChoices):
     QUEUED = "queued"
     LAUNCHING = "launching"
     RUNNING = "running"
+    # a training job that lost a rank, a hung rank or its supervising worker and is continuing from its
+    # newest good snapshot (``controlplane.jobs``); still active, like running
+    RECOVERING = "recovering"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"

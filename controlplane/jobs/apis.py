@@ -1,8 +1,9 @@
-"""API: training jobs — create (and launch), list, cancel, relaunch, events, live probe."""
+"""API: training jobs — create (and launch), list, cancel, relaunch, restore from a snapshot, events, live
+probe."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -16,6 +17,7 @@ from controlplane.common.api import (
     Pagination,
     TeamField,
     TeamOwnedSerializer,
+    error_response,
 )
 from controlplane.common.documents import (
     JobConfigField,
@@ -27,7 +29,18 @@ from controlplane.common.documents import (
 )
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
-from controlplane.jobs.models import CommComparison, JobNode, TrainingJob
+from controlplane.jobs.models import (
+    DEFAULT_HANG_TIMEOUT_S,
+    DEFAULT_MAX_RESTARTS,
+    HANG_TIMEOUT_RANGE_S,
+    MAX_RESTARTS_LIMIT,
+    CommComparison,
+    FaultKind,
+    JobNode,
+    SnapshotKind,
+    TrainingJob,
+)
+from controlplane.jobs.selectors import fault_values, snapshot_rows
 from controlplane.live.selectors import stored_events
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
@@ -47,6 +60,66 @@ class JobNodeSerializer(serializers.ModelSerializer):
         ]
 
 
+class JobFaultSerializer(serializers.Serializer):
+    """A fault of one attempt and its recovery (the recovery fields are null until training continues)."""
+
+    id = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+    restart = serializers.IntegerField(help_text="torchrun restart within the attempt")
+    kind = serializers.ChoiceField(choices=FaultKind.choices)
+    rank = serializers.IntegerField(allow_null=True)
+    step = serializers.IntegerField(allow_null=True, help_text="last committed step before the fault")
+    message = serializers.CharField()
+    detected_at = serializers.DateTimeField()
+    recovered_at = serializers.DateTimeField(allow_null=True)
+    resumed_from_step = serializers.IntegerField(allow_null=True)
+    snapshot = serializers.CharField(allow_null=True, help_text="the snapshot training continued from")
+    steps_lost = serializers.IntegerField(allow_null=True, help_text="steps trained again")
+    rto_s = serializers.FloatField(allow_null=True, help_text="seconds from detection to training again")
+
+
+class JobSnapshotSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="step-00000020: what ``POST /api/jobs/<id>/restore/`` takes")
+    attempt = serializers.IntegerField()
+    step = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=SnapshotKind.choices)
+    bytes_written = serializers.IntegerField()
+    raw_bytes = serializers.IntegerField()
+    base = serializers.CharField(allow_null=True, help_text="the full snapshot a delta was taken against")
+    created_at = serializers.DateTimeField()
+    verified = serializers.BooleanField()
+    problem = serializers.CharField(allow_null=True, help_text="why it did not verify")
+    removed = serializers.BooleanField(help_text="retention (or a restore) took it away")
+    on_disk = serializers.CharField(
+        allow_null=True,
+        help_text="present, removed (retention), corrupt or superseded (set aside); null: not visible here",
+    )
+    restorable = serializers.BooleanField()
+
+
+class BadputSerializer(serializers.Serializer):
+    startup_s = serializers.FloatField(required=False)
+    restore_s = serializers.FloatField(required=False)
+    snapshot_stall_s = serializers.FloatField(required=False)
+    lost_progress_s = serializers.FloatField(required=False)
+    fault_wait_s = serializers.FloatField(required=False)
+    other_s = serializers.FloatField(required=False)
+
+
+class GoodputSerializer(serializers.Serializer):
+    """Wall time of the latest attempt split into productive training and badput."""
+
+    attempt = serializers.IntegerField()
+    restarts = serializers.IntegerField(allow_null=True)
+    wall_s = serializers.FloatField(allow_null=True)
+    productive_s = serializers.FloatField(allow_null=True)
+    goodput = serializers.FloatField(help_text="productive_s / wall_s, 0..1")
+    badput = BadputSerializer()
+    steps_kept = serializers.IntegerField(
+        allow_null=True, required=False, help_text="steps whose result was kept"
+    )
+
+
 class TrainingJobSerializer(TeamOwnedSerializer):
     stream = serializers.CharField(read_only=True)
     world_size = serializers.IntegerField(read_only=True)
@@ -60,6 +133,9 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     cancelled_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True, help_text="who cancelled the current attempt"
     )
+    faults = serializers.SerializerMethodField(help_text="every attempt's faults, oldest first")
+    snapshots = serializers.SerializerMethodField(help_text="the snapshots its ranks published, newest first")
+    goodput = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
@@ -89,11 +165,28 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "cancelled_by",
             "tags",
             "notes",
+            "max_restarts",
+            "hang_timeout_s",
+            "faults",
+            "snapshots",
+            "goodput",
             "created_at",
             "started_at",
             "finished_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(JobFaultSerializer(many=True))
+    def get_faults(self, job) -> list[dict]:
+        return [fault_values(f) for f in job.faults.all()]
+
+    @extend_schema_field(JobSnapshotSerializer(many=True))
+    def get_snapshots(self, job) -> list[dict]:
+        return snapshot_rows(job)
+
+    @extend_schema_field(GoodputSerializer(allow_null=True))
+    def get_goodput(self, job) -> dict | None:
+        return job.goodput
 
     def get_queue_position(self, job) -> int | None:
         from controlplane.jobs.selectors import queue_position
@@ -130,6 +223,37 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         max_value=4096,
         required=False,
         help_text="DDP gradient bucket size; default: chosen from the plan's inter-node link",
+    )
+    snapshot_every = serializers.IntegerField(
+        min_value=0,
+        max_value=services.MAX_CPU_STEPS,
+        required=False,
+        help_text="snapshot the training state every N steps (0: never); a job that snapshots recovers "
+        "from faults and resumes when relaunched",
+    )
+    snapshot_full_every = serializers.IntegerField(
+        min_value=1, max_value=1000, required=False, help_text="a full snapshot every M, deltas in between"
+    )
+    snapshot_keep = serializers.IntegerField(
+        min_value=1, max_value=1000, required=False, help_text="snapshots kept (retention)"
+    )
+    max_restarts = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_RESTARTS_LIMIT,
+        default=DEFAULT_MAX_RESTARTS,
+        help_text="automatic recoveries from faults (a killed or hung rank, a lost worker)",
+    )
+    hang_timeout_s = serializers.FloatField(
+        min_value=HANG_TIMEOUT_RANGE_S[0],
+        max_value=HANG_TIMEOUT_RANGE_S[1],
+        default=DEFAULT_HANG_TIMEOUT_S,
+        help_text="a rank that commits no step for this long is hung",
+    )
+    inject = serializers.CharField(
+        required=False,
+        max_length=2000,
+        help_text="faults to inject (tests, demos): kill-rank@step=17,hang-rank@step=40:rank=1,"
+        "corrupt-snapshot@step=30",
     )
 
     def validate(self, attrs):
@@ -256,6 +380,15 @@ class StreamEventSerializer(serializers.Serializer):
     values = serializers.DictField(help_text="the event's figures or message")
 
 
+class JobRestoreSerializer(StrictFieldsMixin, serializers.Serializer):
+    snapshot = serializers.RegexField(
+        r"^step-\d{8,12}$",
+        max_length=20,
+        help_text="the name of one of the job's verified snapshots, e.g. step-00000020",
+        error_messages={"invalid": "a snapshot name looks like step-00000020 (see the job's snapshots)"},
+    )
+
+
 class ProbeSerializer(serializers.Serializer):
     message = serializers.CharField(
         required=False, default="live probe", help_text="the event's message (its first 200 characters)"
@@ -268,7 +401,9 @@ class ProbeAcceptedSerializer(serializers.Serializer):
 
 
 class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = TrainingJob.objects.select_related("team")
+    queryset = TrainingJob.objects.select_related("team", "cancelled_by").prefetch_related(
+        "faults", "snapshots"
+    )
     serializer_class = TrainingJobSerializer
     pagination_class = Pagination
     lookup_value_regex = ID_PATTERN
@@ -319,6 +454,26 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def relaunch(self, request, pk=None):
         """Launch a failed or cancelled job again (a new attempt)."""
         job = services.job_launch(job=self.get_object())
+        return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=JobRestoreSerializer,
+        responses={
+            202: TrainingJobSerializer,
+            409: error_response(409, "The job is still queued or running: cancel it first."),
+            429: QUEUE_FULL,
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def restore(self, request, pk=None):
+        """Continue the job from one of its snapshots: a new attempt resumes from exactly that snapshot
+        (the newer ones are set aside). The job must have ended (failed, cancelled or succeeded)."""
+        from controlplane.jobs.recovery import job_restore
+
+        job = self.get_object()
+        data = JobRestoreSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = job_restore(job=job, snapshot=data.validated_data["snapshot"])
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=ProbeSerializer, responses={202: ProbeAcceptedSerializer})

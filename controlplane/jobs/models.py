@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.common.models import JobState, LongRunningJob
+
+# restart policy defaults: torchrun's own elastic agent restarts a worker group up to --max-restarts times
+# (default 0); 3 rides out the interruption rate Meta reports for Llama 3 (419 in 54 days on 16K GPUs,
+# Dubey et al. 2024 §3.3.4: one every ~3 h) over a few-hour job with room to spare
+DEFAULT_MAX_RESTARTS = 3
+MAX_RESTARTS_LIMIT = 100
+# a rank that commits no step for 60 s is hung: PyTorch's default collective timeout (30 min,
+# torch.distributed.constants.default_pg_timeout) is far too long to wait; 5 s is about the slowest step
+# of this machine's examples, 1 h the slowest step plus snapshot of a very large model
+DEFAULT_HANG_TIMEOUT_S = 60.0
+HANG_TIMEOUT_RANGE_S = (5.0, 3600.0)
 
 
 class TrainingJob(LongRunningJob):
     """A training run launched from a plan (or a strategy + model).
 
-    State machine: queued → launching → running → succeeded | failed | cancelled. A failed or cancelled
-    job can be relaunched (``attempts`` counts launches). ``measured`` holds the run summary beside the
-    plan's ``predicted`` figures, so the knowledge base learns from every run.
+    State machine: queued → launching → running → succeeded | failed | cancelled, and running ⇄ recovering
+    while a fault (a killed or hung rank, a lost worker) is being recovered from the newest good snapshot.
+    A failed or cancelled job can be relaunched (``attempts`` counts launches); a job that snapshots
+    resumes. ``measured`` holds the run summary beside the plan's ``predicted`` figures, so the knowledge
+    base learns from every run.
     """
 
     STREAM_KIND = "job"
-    ACTIVE_STATES = (JobState.LAUNCHING, JobState.RUNNING)
+    ACTIVE_STATES = (JobState.LAUNCHING, JobState.RUNNING, JobState.RECOVERING)
 
     name = models.CharField(max_length=200)
     config = models.JSONField(
@@ -55,9 +69,40 @@ class TrainingJob(LongRunningJob):
     notes = models.TextField(
         blank=True, default="", help_text="free text about the run (at most 10,000 characters)"
     )
+    max_restarts = models.PositiveIntegerField(
+        default=DEFAULT_MAX_RESTARTS,
+        validators=[MinValueValidator(0), MaxValueValidator(MAX_RESTARTS_LIMIT)],
+        help_text="automatic recoveries (faults) allowed from the latest launch by a person on (0-100)",
+    )
+    hang_timeout_s = models.FloatField(
+        default=DEFAULT_HANG_TIMEOUT_S,
+        validators=[MinValueValidator(HANG_TIMEOUT_RANGE_S[0]), MaxValueValidator(HANG_TIMEOUT_RANGE_S[1])],
+        help_text="a rank that commits no step for this long is hung: it is stopped and the job recovers",
+    )
+    restart_budget_from = models.PositiveIntegerField(
+        default=1,
+        help_text="the attempt launched by a person last: the faults from it on count against max_restarts",
+    )
+    goodput = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="productive vs wall time of the latest attempt: wall_s productive_s goodput badput{...}",
+    )
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
+
+    @property
+    def files_stamp(self) -> str:
+        """Its creation time to the microsecond: with its id, it names the job's files under VAR_DIR (another
+        database on the same VAR_DIR, or one reset, reuses ids: never id and stamp together)."""
+        return self.created_at.strftime("%Y%m%dT%H%M%S%f")
+
+    @property
+    def snapshots_enabled(self) -> bool:
+        """The job snapshots its training state (``snapshot_every`` > 0 into a ``snapshot_dir``)."""
+        config = self.config or {}
+        return int(config.get("snapshot_every") or 0) > 0 and bool(config.get("snapshot_dir"))
 
     @property
     def world_size(self) -> int:
@@ -121,3 +166,70 @@ class CommComparison(LongRunningJob):
     @property
     def stream(self) -> str:  # progress goes to the job's own stream
         return self.job.stream
+
+
+class FaultKind(models.TextChoices):
+    RANK_KILLED = "rank-killed"
+    RANK_HUNG = "rank-hung"
+    RANK_FAILED = "rank-failed"
+    WORKER_LOST = "worker-lost"
+
+
+class JobFault(models.Model):
+    """One fault of a job attempt and how it was recovered: the recovery engine
+    (``workers.reliability.elastic``) reports a killed, hung or failed rank; the reaper a lost worker.
+    ``recovered_at`` stays null until training continues (or for good when the job failed instead)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="faults")
+    attempt = models.PositiveIntegerField()
+    restart = models.PositiveIntegerField(default=0, help_text="torchrun restart within the attempt")
+    kind = models.CharField(max_length=16, choices=FaultKind.choices)
+    rank = models.IntegerField(null=True, blank=True)
+    step = models.IntegerField(null=True, blank=True, help_text="last committed step before the fault")
+    message = models.TextField(blank=True, default="")
+    detected_at = models.DateTimeField()
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    resumed_from_step = models.IntegerField(
+        null=True, blank=True, help_text="the step training continued from (0: from the start)"
+    )
+    snapshot = models.CharField(max_length=64, blank=True, default="", help_text="the snapshot resumed from")
+    steps_lost = models.IntegerField(null=True, blank=True, help_text="steps trained again")
+    rto_s = models.FloatField(null=True, blank=True, help_text="seconds from detection to training again")
+
+    class Meta:
+        ordering = ["job", "detected_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}: {self.kind} at step {self.step}"
+
+
+class SnapshotKind(models.TextChoices):
+    FULL = "full"
+    DELTA = "delta"
+
+
+class JobSnapshot(models.Model):
+    """A snapshot a job's ranks published (``workers.training.checkpoint``): the job page lists them and
+    a job can be restored from one (``resume_from``)."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="snapshots")
+    name = models.CharField(max_length=64, help_text="its directory under the job's snapshot_dir")
+    attempt = models.PositiveIntegerField(default=1)
+    step = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=SnapshotKind.choices)
+    bytes_written = models.BigIntegerField(default=0)
+    raw_bytes = models.BigIntegerField(default=0)
+    base = models.CharField(max_length=64, blank=True, default="", help_text="the full snapshot of a delta")
+    created_at = models.DateTimeField()
+    verified = models.BooleanField(default=False, help_text="its checksums verified when it was published")
+    problem = models.TextField(blank=True, default="", help_text="why it did not verify")
+    removed = models.BooleanField(
+        default=False, help_text="retention (or a restore) took it away, as the supervisor saw it"
+    )
+
+    class Meta:
+        ordering = ["job", "step", "name"]
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="unique_job_snapshot")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} snapshot {self.name}"

@@ -1,15 +1,17 @@
-"""Reads for the job pages: the list rows, one job's history, the series the compare page overlays."""
+"""Reads for the job pages: the list rows, one job's history, faults and snapshots, the series the compare
+page overlays."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 
 from django.db.models import F, Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
-from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.models import JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
 from workers.training import examples
@@ -315,3 +317,103 @@ def queue_position(job: TrainingJob) -> int | None:
         .count()
     )
     return ahead
+
+
+# --- faults and snapshots (elastic recovery) --------------------------------------------------------
+
+
+def fault_values(fault: JobFault) -> dict:
+    """A fault as the API, the page and the events show it."""
+    return {
+        "id": fault.pk,
+        "attempt": fault.attempt,
+        "restart": fault.restart,
+        "kind": fault.kind,
+        "rank": fault.rank,
+        "step": fault.step,
+        "message": fault.message,
+        "detected_at": fault.detected_at.isoformat() if fault.detected_at else None,
+        "recovered_at": fault.recovered_at.isoformat() if fault.recovered_at else None,
+        "resumed_from_step": fault.resumed_from_step,
+        "snapshot": fault.snapshot or None,
+        "steps_lost": fault.steps_lost,
+        "rto_s": fault.rto_s,
+    }
+
+
+def snapshot_values(snapshot: JobSnapshot) -> dict:
+    return {
+        "name": snapshot.name,
+        "attempt": snapshot.attempt,
+        "step": snapshot.step,
+        "kind": snapshot.kind,
+        "bytes_written": snapshot.bytes_written,
+        "raw_bytes": snapshot.raw_bytes,
+        "base": snapshot.base or None,
+        "created_at": snapshot.created_at.isoformat() if snapshot.created_at else None,
+        "verified": snapshot.verified,
+        "problem": snapshot.problem or None,
+        "removed": snapshot.removed,
+    }
+
+
+def _on_disk(job: TrainingJob, name: str) -> str | None:
+    """Whether snapshot ``name`` is still in the job's snapshot directory: "present", or "removed" (by
+    retention), "corrupt" / "superseded" (set aside by a resume); None where this machine does not see
+    the directory (the workers' shared filesystem is elsewhere)."""
+    root = (job.config or {}).get("snapshot_dir")
+    if not root or not Path(root).is_dir():
+        return None
+    root = Path(root)
+    if (root / name / "manifest.json").is_file():
+        return "present"
+    for aside in root.glob(f"{name}.*"):
+        suffix = aside.name[len(name) + 1 :]
+        if suffix and suffix != "partial":
+            return suffix
+    return "removed"
+
+
+def snapshot_rows(job: TrainingJob) -> list[dict]:
+    """The job's snapshots, newest first, each with where it stands on disk (``on_disk``) and whether it
+    can be restored from (``restorable``)."""
+    rows = []
+    # (sorted here: the API's list prefetches them)
+    for snapshot in sorted(job.snapshots.all(), key=lambda s: (s.step, s.name), reverse=True):
+        # what this machine sees on disk, else what the supervisor last saw
+        where = _on_disk(job, snapshot.name) or ("removed" if snapshot.removed else None)
+        rows.append(
+            {
+                **snapshot_values(snapshot),
+                "on_disk": where,
+                "restorable": snapshot.verified and where in ("present", None),
+            }
+        )
+    return rows
+
+
+def restarts_left(job: TrainingJob) -> int:
+    """Automatic recoveries the job may still make: ``max_restarts`` minus its faults since the latest
+    launch by a person."""
+    used = JobFault.objects.filter(job=job, attempt__gte=job.restart_budget_from).count()
+    return max(0, job.max_restarts - used)
+
+
+def restart_policy(job: TrainingJob) -> dict:
+    """What the job does about faults, as its page states it (the snapshot defaults are the runtime's)."""
+    from workers.training.config import JobConfig
+
+    defaults = JobConfig.__dataclass_fields__
+    config = job.config or {}
+    every = int(config.get("snapshot_every") or 0)
+    return {
+        "max_restarts": job.max_restarts,
+        "restarts_left": restarts_left(job),
+        "hang_timeout_s": job.hang_timeout_s,
+        "snapshot_every": every,
+        "snapshot_full_every": config.get("snapshot_full_every", defaults["snapshot_full_every"].default)
+        if every
+        else None,
+        "snapshot_keep": config.get("snapshot_keep", defaults["snapshot_keep"].default) if every else None,
+        "inject": config.get("inject") or "",
+    }

@@ -19,8 +19,15 @@ from rest_framework.exceptions import APIException, ValidationError
 
 from controlplane.common.models import JobState
 from controlplane.common.redis import redis_client
-from controlplane.jobs.models import JobNode, TrainingJob
-from controlplane.jobs.selectors import NODE_QUEUE_PREFIX, online_node_queues
+from controlplane.jobs.models import (
+    DEFAULT_HANG_TIMEOUT_S,
+    DEFAULT_MAX_RESTARTS,
+    HANG_TIMEOUT_RANGE_S,
+    MAX_RESTARTS_LIMIT,
+    JobNode,
+    TrainingJob,
+)
+from controlplane.jobs.selectors import NODE_QUEUE_PREFIX, online_node_queues, restarts_left
 from controlplane.jobs.tasks import launch_job, run_node
 from controlplane.live.feeds import notify_after_commit
 from controlplane.live.services import publish, publish_after_commit
@@ -92,8 +99,19 @@ def check_fits_this_machine(config: dict, nproc_per_node: int) -> None:
         )
 
 
-# the run options a job request may set beside its model, strategy and training documents
-RUN_OPTIONS = ("lr", "seed", "comm_hook", "profile_every", "bucket_cap_mb")
+# the run options a job request may set beside its model, strategy and training documents (the snapshot
+# directory is the control plane's to choose: ``snapshot_dir_of``)
+RUN_OPTIONS = (
+    "lr",
+    "seed",
+    "comm_hook",
+    "profile_every",
+    "bucket_cap_mb",
+    "snapshot_every",
+    "snapshot_full_every",
+    "snapshot_keep",
+    "inject",
+)
 
 
 def job_config_of(
@@ -138,6 +156,8 @@ def job_submit(
     steps: int,
     device: str = "auto",
     nnodes: int = 1,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
     **options,
 ) -> TrainingJob:
     """A job request as the API takes it: a stored plan of the user's teams (its strategy, model, training
@@ -177,7 +197,61 @@ def job_submit(
         nnodes=nnodes,
         created_by=user,
         source_plan=source_plan,
+        max_restarts=max_restarts,
+        hang_timeout_s=hang_timeout_s,
+        allow_kill_worker=False,
     )
+
+
+def snapshot_dir_of(job: TrainingJob) -> Path:
+    """Where a job's ranks write their snapshots: one directory for all its attempts, so a relaunch (or a
+    restore) finds what the attempts before it wrote; named after the job's creation too (``files_stamp``),
+    so it never holds another database's job's snapshots (a run refuses a directory that does)."""
+    return Path(settings.VAR_DIR) / "jobs" / str(job.pk) / f"snapshots-{job.files_stamp}"
+
+
+def check_restart_policy(*, max_restarts, hang_timeout_s) -> None:
+    """The restart policy's bounds (``TrainingJob.max_restarts`` / ``hang_timeout_s``), as 400s."""
+    errors = {}
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
+        errors["max_restarts"] = [f"must be a whole number, got {max_restarts!r}"]
+    elif not 0 <= max_restarts <= MAX_RESTARTS_LIMIT:
+        errors["max_restarts"] = [f"must be 0 to {MAX_RESTARTS_LIMIT}, got {max_restarts}"]
+    low, high = HANG_TIMEOUT_RANGE_S
+    if isinstance(hang_timeout_s, bool) or not isinstance(hang_timeout_s, int | float):
+        errors["hang_timeout_s"] = [f"must be a number of seconds, got {hang_timeout_s!r}"]
+    elif not low <= hang_timeout_s <= high:
+        errors["hang_timeout_s"] = [f"must be {low:g} to {high:g} seconds, got {hang_timeout_s:g}"]
+    if errors:
+        raise ValidationError(errors)
+
+
+def check_injectable(config: dict, world_size: int, *, allow_kill_worker: bool) -> None:
+    """The faults a job injects (``inject``) must fit it: ranks it has, snapshots to corrupt. A request
+    through the API may inject a rank killed or hung, its newest snapshot corrupted; not ``kill-worker``
+    (``allow_kill_worker``): a Celery worker supervises other jobs too, other teams' among them."""
+    if not config.get("inject"):
+        return
+    from workers.reliability.faults import parse_faults
+
+    try:
+        faults = parse_faults(config["inject"])
+    except ValueError as exc:
+        raise ValidationError({"inject": [str(exc)]}) from exc
+    for f in faults:
+        if f.rank is not None and f.rank >= world_size:
+            raise ValidationError({"inject": [f"{f}: the job has ranks 0-{world_size - 1}"]})
+        if f.kind == "corrupt-snapshot" and not int(config.get("snapshot_every") or 0):
+            raise ValidationError({"inject": [f"{f}: the job takes no snapshots (set snapshot_every)"]})
+    if not allow_kill_worker and any(f.kind == "kill-worker" for f in faults):
+        raise ValidationError(
+            {
+                "inject": [
+                    "kill-worker would stop every job the worker supervises, other teams' too: inject it with "
+                    "`cann-train elastic`, or kill a worker of your own"
+                ]
+            }
+        )
 
 
 def job_create(
@@ -190,7 +264,22 @@ def job_create(
     created_by=None,
     launch: bool = True,
     source_plan=None,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+    allow_kill_worker: bool = True,
 ) -> TrainingJob:
+    """Store a job (and queue its first attempt). A job that snapshots (``snapshot_every`` > 0) without a
+    ``snapshot_dir`` gets the control plane's (``snapshot_dir_of``). ``allow_kill_worker``: whether its
+    ``inject`` may kill the supervising worker (not through the API: ``check_injectable``)."""
+    check_restart_policy(max_restarts=max_restarts, hang_timeout_s=hang_timeout_s)
+    own_dir = (
+        isinstance(config, dict)
+        and not config.get("snapshot_dir")
+        and isinstance(config.get("snapshot_every"), int)
+        and config["snapshot_every"] > 0
+    )
+    if own_dir:  # validated with a stand-in; the real directory is named after the job's id below
+        config = {**config, "snapshot_dir": str(Path(settings.VAR_DIR) / "jobs" / "new" / "snapshots")}
     config = validated_config(config)
     world = 1
     for key in ("tp", "pp", "dp", "cp"):
@@ -225,6 +314,7 @@ def job_create(
             }
         )
     check_fits_this_machine(config, nproc)
+    check_injectable(config, world, allow_kill_worker=allow_kill_worker)
     with transaction.atomic():
         job = TrainingJob.objects.create(
             team=team,
@@ -235,17 +325,33 @@ def job_create(
             nproc_per_node=nproc,
             created_by=created_by,
             source_plan=source_plan,
+            max_restarts=max_restarts,
+            hang_timeout_s=hang_timeout_s,
         )
+        if own_dir:
+            job.config = {**job.config, "snapshot_dir": str(snapshot_dir_of(job))}
+            job.save(update_fields=["config"])
         if launch:
             job_launch(job=job)
     return job
 
 
-def job_launch(*, job: TrainingJob) -> TrainingJob:
-    """Queue a (re)launch. Only a new job, or a failed / cancelled one, can be launched."""
+def job_launch(
+    *, job: TrainingJob, resume_from: str | None = None, automatic: bool = False, why: str = ""
+) -> TrainingJob:
+    """Queue a (re)launch. Only a new job, or a failed / cancelled one, can be launched; a job that
+    snapshots continues from its newest good snapshot (``resume``), or from ``resume_from`` exactly (a
+    restore, which a succeeded job may do too). ``automatic``: the reaper resuming a job whose worker was
+    lost (it is recovering; no quota check: it held its slot all along; its faults keep counting against
+    ``max_restarts``). ``why`` goes into the "queued" event."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-        if job.attempts and job.state not in (JobState.FAILED, JobState.CANCELLED):
+        allowed = {JobState.FAILED, JobState.CANCELLED}
+        if automatic:
+            allowed.add(JobState.RECOVERING)
+        if resume_from:
+            allowed.add(JobState.SUCCEEDED)
+        if job.attempts and job.state not in allowed:
             raise ValidationError({"state": [f"a {job.state} job cannot be launched again; cancel it first"]})
         active = (
             TrainingJob.objects.filter(
@@ -254,23 +360,37 @@ def job_launch(*, job: TrainingJob) -> TrainingJob:
             .exclude(pk=job.pk)
             .count()
         )
-        if active >= MAX_ACTIVE_JOBS_PER_TEAM:
+        if not automatic and active >= MAX_ACTIVE_JOBS_PER_TEAM:
             raise TooMuchQueuedWork(
                 f"Your team has {active} jobs queued or running, the most one team may have at once "
                 f"(CANN_TRAIN_MAX_ACTIVE_JOBS={MAX_ACTIVE_JOBS_PER_TEAM}). Wait for some to finish, or cancel some."
             )
+        from controlplane.jobs.recovery import resume_plan
+
+        job.config, resume = resume_plan(job, resume_from=resume_from)
         job.attempts += 1
+        if not automatic:  # a person launched it: the restart budget starts again
+            job.restart_budget_from = job.attempts
         job.state = JobState.QUEUED
         job.cancel_requested = False
         job.cancelled_by = None
         job.error = job.human_readable_error = ""
         job.progress = 0.0
         job.measured = None  # the run summary is the new attempt's to write
+        job.goodput = None
         job.started_at = job.finished_at = job.heartbeat_at = None
         job.save()
         attempt = job.attempts
+        values = {"state": "queued", "attempt": attempt}
+        if resume is not None:
+            values["resume"] = resume
+            values["message"] = " ".join(filter(None, [why, resume["message"]]))
+        elif why:
+            values["message"] = why
+        if automatic:
+            values["automatic"] = True
         # on_commit callbacks run in order: the "queued" event goes out before any worker can answer
-        _job_event(job, {"state": "queued", "attempt": attempt})
+        _job_event(job, values)
         transaction.on_commit(lambda: launch_job.apply_async((job.pk, attempt), queue="training"))
     return job
 
@@ -404,9 +524,18 @@ def heartbeat(*, node: JobNode) -> bool:
 
 
 def node_finished(
-    *, node: JobNode, exit_code: int, cancelled: bool, log_tail: str, summary: dict | None
+    *,
+    node: JobNode,
+    exit_code: int,
+    cancelled: bool,
+    log_tail: str,
+    summary: dict | None,
+    elastic: dict | None = None,
 ) -> None:
-    """Store a node's outcome; the last node to finish settles the job."""
+    """Store a node's outcome; the last node to finish settles the job. ``elastic`` is the recovery
+    engine's report of the node (``ElasticWatch.report()``): its snapshots and goodput are kept."""
+    from controlplane.jobs.recovery import store_elastic_report
+
     now = timezone.now()
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=node.job_id)
@@ -422,9 +551,16 @@ def node_finished(
             job.log_tail = log_tail
         if summary is not None:
             job.measured = summary
+        goodput = None
+        if elastic and node.attempt == job.attempts and (node.node_rank == 0 or job.goodput is None):
+            goodput = store_elastic_report(job=job, attempt=node.attempt, report=elastic)
+        elif job.goodput and summary is not None:  # another node's summary: the goodput stays in it
+            job.measured = {**job.measured, "goodput": job.goodput}
         nodes = list(job.nodes.filter(attempt=node.attempt))
         if job.is_finished or any(n.state not in TrainingJob.TERMINAL_STATES for n in nodes):
             job.save()
+            if goodput is not None:
+                _job_event(job, {"goodput": goodput, "attempt": node.attempt})
             return
         states = {n.state for n in nodes}
         if job.cancel_requested or JobState.CANCELLED in states:
@@ -441,6 +577,16 @@ def node_finished(
                 f"torchrun on node {bad[0].node_rank} exited with code {bad[0].exit_code}; the log tail below says why. "
                 "Fix the cause and relaunch."
             )
+            if job.faults.filter(attempt=node.attempt).exists() and restarts_left(job) == 0:
+                job.human_readable_error += (
+                    f" It was not recovered again: it had used its {job.max_restarts} automatic recoveries "
+                    "(max_restarts)"
+                    + (
+                        ", and a relaunch resumes from its newest good snapshot."
+                        if job.snapshots_enabled
+                        else "."
+                    )
+                )
             job.error = log_tail[-2000:]
         job.finished_at = now
         job.save()
@@ -451,6 +597,8 @@ def node_finished(
             values["measured"] = {
                 k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")
             }
+        if job.goodput:
+            values["goodput"] = job.goodput
         _job_event(job, values)
         if job.state == JobState.SUCCEEDED and job.source_plan_id and job.measured:
             record_measurement(job=job)
@@ -557,6 +705,18 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
     # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
     summary_path = workdir / f"summary-node{node_rank}.json"
+    from controlplane.jobs.recovery import elastic_watch_for
+
+    # the recovery engine: watches the ranks (progress, hangs), fires injected faults, reports faults,
+    # recoveries and snapshots (recorded as they come) and the goodput at the end
+    try:
+        watch = elastic_watch_for(job, attempt, node_rank, workdir)
+    except ValueError as exc:  # a fault plan that does not fit the job (checked at submit; kept safe)
+        job_fail(job_id=job.pk, human=f"Fault injection: {exc}")
+        return "failed"
+    # torchrun restarts the node's ranks from the newest good snapshot, as often as the job has restarts
+    # left (a job that takes no snapshots would start over from step 0: it is not restarted)
+    max_restarts = restarts_left(job) if watch is not None and job.snapshots_enabled else 0
     cmd = render_torchrun_command(
         str(config_path),
         job.nnodes,
@@ -564,7 +724,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         node_rank,
         endpoint,
         run_id=f"job{job.pk}-a{attempt}",
-        max_restarts=0,
+        max_restarts=max_restarts,
         summary_path=str(summary_path),
     )
     log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
@@ -584,7 +744,8 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         cmd,
         log_path=workdir / f"node{node_rank}.log",
         cwd=settings.BASE_DIR,
-        env=torchrun_env(),
+        env={**torchrun_env(), **(watch.env if watch is not None else {})},
+        on_poll=watch.poll if watch is not None else None,
         on_start=lambda pid: _until_the_database_answers(
             lambda: node_started(node=node, pid=pid),
             what=f"record that job {job.pk} node {node_rank} started",
@@ -596,6 +757,13 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         ),
     )
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    report = None
+    if watch is not None:
+        try:
+            watch.finish()  # the last progress the ranks wrote, and the end of the goodput clock
+            report = watch.report()
+        except Exception:  # noqa: BLE001 - the run's outcome is recorded without it
+            log.warning("job %s node %s: no recovery report", job.pk, node_rank, exc_info=True)
     _until_the_database_answers(
         lambda: node_finished(
             node=node,
@@ -603,6 +771,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
             cancelled=outcome.cancelled,
             log_tail=outcome.log_tail,
             summary=summary,
+            elastic=report,
         ),
         what=f"record how job {job.pk} node {node_rank} ended",
     )
@@ -659,6 +828,9 @@ def job_progress_from_events(stream: str, events: list[dict]) -> None:
     steps = [e["step"] for e in events if e.get("kind") == "train" and isinstance(e.get("step"), int)]
     if kind != "job" or not steps or not pk.isdigit():
         return
+    from controlplane.jobs.recovery import settle_worker_lost
+
+    settle_worker_lost(job_id=int(pk), events=events)
     job = TrainingJob.objects.filter(pk=int(pk), state__in=TrainingJob.ACTIVE_STATES).only("config").first()
     total = int((job.config or {}).get("steps") or 0) if job else 0
     if total > 0:
@@ -670,11 +842,16 @@ def job_progress_from_events(stream: str, events: list[dict]) -> None:
 def reap_orphans(
     *, now=None, stale_after: timedelta | None = None, node_name: str | None = None, human: str | None = None
 ) -> list[int]:
-    """Fail jobs whose supervising worker stopped sending heartbeats (it died or was stopped): they stay
-    visible and can be relaunched, instead of sitting "running" forever. A job no supervisor has picked up
-    yet (its node tasks wait for a free worker slot) has sent no heartbeat and is not failed. ``node_name`` limits it to jobs
-    with a running node of that name (``make run`` stopping its own worker); ``stale_after`` defaults to
-    ``HEARTBEAT_TIMEOUT``. Returns the ids it failed."""
+    """Settle jobs whose supervising worker stopped sending heartbeats (it died or was stopped), instead of
+    leaving them "running" forever. A job that snapshots and has restarts left (``max_restarts``) records a
+    ``worker-lost`` fault and resumes from its newest good snapshot as a new attempt; any other is failed,
+    saying why it was not resumed, and can be relaunched. A job no supervisor has picked up yet (its node
+    tasks wait for a free worker slot) has sent no heartbeat and is left alone. ``node_name`` limits it to
+    jobs with a running node of that name (``make run`` stopping its own worker: ``human`` is then its
+    reason, and those jobs are failed, not resumed); ``stale_after`` defaults to ``HEARTBEAT_TIMEOUT``.
+    Returns the ids it settled."""
+    from controlplane.jobs.recovery import resume_after_worker_lost
+
     now = now or timezone.now()
     stale = TrainingJob.objects.filter(
         state__in=TrainingJob.ACTIVE_STATES,
@@ -685,19 +862,25 @@ def reap_orphans(
     ).distinct()
     if node_name is not None:
         stale = _with_running_node(stale, node_name)
-    failed = []
+    settled = []
     for job in stale:
+        cause = (
+            f"The Celery worker supervising this job stopped answering (last heartbeat "
+            f"{job.heartbeat_at:%H:%M:%S} UTC); its training processes were stopped with it."
+        )
+        why_not = ""
+        if human is None:  # (a worker stopped on purpose, with its reason, fails its jobs: no resume)
+            why_not = resume_after_worker_lost(job_id=job.pk, cause=cause)
+            if not why_not:
+                settled.append(job.pk)
+                continue
         job_fail(
             job_id=job.pk,
-            human=human
-            or (
-                f"The Celery worker supervising this job stopped answering (last heartbeat "
-                f"{job.heartbeat_at:%H:%M:%S} UTC); its training processes were stopped with it. Relaunch to run it again."
-            ),
+            human=human or f"{cause} It was not resumed: {why_not}",
             error="heartbeat timeout",
         )
-        failed.append(job.pk)
-    return failed
+        settled.append(job.pk)
+    return settled
 
 
 def running_on_node(node_name: str) -> bool:

@@ -46,6 +46,7 @@ def job_detail(request, pk: int):
             "job": job,
             "queue_position": selectors.queue_position(job),
             "strategy": selectors.strategy_short((job.config or {}).get("strategy")),
+            "policy": selectors.restart_policy(job),
             # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
             "prediction_caveat": (
                 ((job.plan or {}).get("predicted") or {}).get("efficiency_profile") or {}
@@ -70,6 +71,10 @@ def job_detail(request, pk: int):
                 "history": history,
                 "history_complete": len(history) < selectors.HISTORY_PAGE,
                 "api": f"/api/jobs/{job.pk}/",
+                # elastic recovery: fault markers, the snapshots table, goodput (live events update them)
+                "faults": [selectors.fault_values(f) for f in job.faults.all()],
+                "snapshots": selectors.snapshot_rows(job),
+                "goodput": job.goodput,
             },
             "comm_methods": COMPARE_METHODS,
             "comm_default": WEB_DEFAULT_METHODS,

@@ -9,7 +9,7 @@ candidates, jobs with stored events, a comparison, ...), so the 200 branches are
 the 404s; a DELETE gets objects of its own. Work that would start real processes is held back without
 leaving any operation out:
 
-- jobs (``POST /api/jobs/``, ``relaunch``, ``scale-down``): the fuzzing team has as many jobs queued as
+- jobs (``POST /api/jobs/``, ``relaunch``, ``restore``, ``scale-down``): the fuzzing team has as many jobs queued as
   one team may (``CANN_TRAIN_MAX_ACTIVE_JOBS``), so a valid request is checked to the end and answered
   429 with nothing stored; those queued jobs are never a path id here (a cancel would free a slot);
 - searches and comparisons (``POST /api/searches/``, ``what-if``, ``comm-compare``) have no such quota:
@@ -117,7 +117,7 @@ def _seed(team, user) -> FuzzWorld:
     from controlplane.accounts.services import token_issue
     from controlplane.clusters.models import Cluster, HardwareProfile
     from controlplane.jobs import services as job_services
-    from controlplane.jobs.models import CommComparison, TrainingJob
+    from controlplane.jobs.models import CommComparison, JobSnapshot, TrainingJob
     from controlplane.live.models import StreamEvent
     from controlplane.planning import services as planning_services
     from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
@@ -163,6 +163,14 @@ def _seed(team, user) -> FuzzWorld:
             tags=["fuzz"],
             measured={"step_time_s": 0.5} if state == "succeeded" else None,
         ).pk
+    JobSnapshot.objects.create(  # what a valid restore of the failed job names
+        job_id=jobs["failed"],
+        name="step-00000005",
+        step=5,
+        kind="full",
+        created_at=timezone.now(),
+        verified=True,
+    )
     StreamEvent.objects.bulk_create(
         StreamEvent(
             stream=f"job/{jobs['succeeded']}",
@@ -412,6 +420,8 @@ def valid_requests(world: FuzzWorld) -> list[tuple[str, str, dict, object, set[i
         ("GET", "/api/jobs/{id}/events/", {"id": jobs["succeeded"]}, None, {200}),
         ("POST", "/api/jobs/{id}/probe/", {"id": jobs["succeeded"]}, {"message": "hello"}, {202}),
         ("POST", "/api/jobs/{id}/relaunch/", {"id": jobs["failed"]}, None, {429}),
+        ("POST", "/api/jobs/{id}/restore/", {"id": jobs["failed"]}, {"snapshot": "step-00000005"}, {429}),
+        ("POST", "/api/jobs/{id}/restore/", {"id": jobs["queued"]}, {"snapshot": "step-00000005"}, {409}),
         ("POST", "/api/jobs/{id}/cancel/", {"id": jobs["queued"]}, None, {202}),
         ("POST", "/api/jobs/{id}/cancel/", {"id": jobs["succeeded"]}, None, {400}),
         ("GET", "/api/jobs/{id}/comm-compare/", {"id": jobs["succeeded"]}, None, {200}),

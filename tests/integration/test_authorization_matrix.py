@@ -178,6 +178,9 @@ API: dict[tuple[str, str], Op] = {
     ("PATCH", "/api/jobs/{id}/"): Op("job", body=lambda w: {"tags": ["mine"], "notes": "alice's"}),
     ("POST", "/api/jobs/{id}/cancel/"): Op("new-job", own=ACCEPTED),
     ("POST", "/api/jobs/{id}/relaunch/"): Op("failed-job", own=QUEUE_FULL),
+    ("POST", "/api/jobs/{id}/restore/"): Op(
+        "failed-job", body=lambda w: {"snapshot": "step-00000005"}, own=QUEUE_FULL
+    ),
     ("GET", "/api/jobs/{id}/events/"): Op("job"),
     ("POST", "/api/jobs/{id}/probe/"): Op("job", body=lambda w: {"message": "hello"}, own=ACCEPTED),
     ("GET", "/api/jobs/{id}/comm-compare/"): Op("job"),
@@ -237,7 +240,7 @@ def world(live_stack, make_member, token_for) -> World:
     from controlplane.accounts.services import token_issue
     from controlplane.clusters.models import Cluster, HardwareProfile
     from controlplane.jobs import services as job_services
-    from controlplane.jobs.models import CommComparison, TrainingJob
+    from controlplane.jobs.models import CommComparison, JobSnapshot, TrainingJob
     from controlplane.live.models import StreamEvent
     from controlplane.planning import services as planning_services
     from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
@@ -300,6 +303,14 @@ def world(live_stack, make_member, token_for) -> World:
     objects.update(
         job=job("alice secret job", "succeeded"),
         **{"failed-job": job("alice failed job", "failed"), "new-job": job("alice new job", "queued", 0)},
+    )
+    JobSnapshot.objects.create(  # what a restore of the failed job names
+        job_id=objects["failed-job"],
+        name="step-00000005",
+        step=5,
+        kind="full",
+        created_at=timezone.now(),
+        verified=True,
     )
     StreamEvent.objects.create(
         stream=f"job/{objects['job']}",

@@ -48,6 +48,41 @@ export function withReferences(layout, ...refs) {
   return out;
 }
 
+// ------------------------------------------------------------------------------------ fault markers
+
+// Faults on a step axis (the job page's loss chart): a dotted vertical line at each fault's step, a
+// shaded band over the steps it cost (resumed from .. fault step), and a marker trace at the top of the
+// chart on an axis of its own ("y2": 0..1, hidden) whose hover says what happened. `describe(fault)` is
+// the hover text; the trace is named "faults".
+export const FAULT_COLOR = "#cf222e";
+export const FAULT_AXIS = { yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true } };
+
+export function faultShapes(faults) {
+  const shapes = [];
+  for (const f of faults) {
+    if (f.step == null) continue;
+    if (f.resumed_from_step != null && f.resumed_from_step < f.step) {
+      shapes.push({ type: "rect", xref: "x", x0: f.resumed_from_step, x1: f.step, yref: "paper", y0: 0, y1: 1,
+                    fillcolor: FAULT_COLOR, opacity: 0.08, line: { width: 0 }, layer: "below", name: `fault-${f.id}-lost` });
+    }
+    shapes.push({ type: "line", xref: "x", x0: f.step, x1: f.step, yref: "paper", y0: 0, y1: 1,
+                  line: { color: FAULT_COLOR, width: 1.5, dash: "dot" }, name: `fault-${f.id}` });
+  }
+  return shapes;
+}
+
+export function faultTrace(faults, describe) {
+  const placed = faults.filter((f) => f.step != null);
+  return {
+    type: "scatter", mode: "markers+text", name: "faults", yaxis: "y2",
+    x: placed.map((f) => f.step), y: placed.map(() => 0.97),
+    text: placed.map((f) => f.kind), textposition: "bottom right", textfont: { color: FAULT_COLOR, size: 10 },
+    hovertext: placed.map(describe), hovertemplate: "%{hovertext}<extra></extra>",
+    marker: { symbol: "x-thin-open", size: 11, color: FAULT_COLOR, line: { width: 2, color: FAULT_COLOR } },
+    cliponaxis: false, showlegend: placed.length > 0,
+  };
+}
+
 // Exponential moving average with TensorBoard's debiasing (the first points are not pulled to zero).
 // A null value is a gap (a relaunch, a restart): it is kept and restarts the average.
 export class Ema {

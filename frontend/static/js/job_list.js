@@ -7,7 +7,7 @@ import { JOB_COLUMNS, LiveJobRows, TERMINAL, renderRow, timeAgo } from "./job_ro
 import { editAnnotations } from "./annotate.js";
 import { failureLines, h, postJSON, showErrorLines } from "./common.js";
 
-const ACTIVE = new Set(["queued", "launching", "running"]);
+const ACTIVE = new Set(["queued", "launching", "running", "recovering"]);
 const FILTERS = ["q", "state", "team", "tag"];
 
 class RunTable {
@@ -236,6 +236,8 @@ function bindLaunchForm() {
       device: "cpu",
     };
     if (f.profile_every && f.profile_every.value !== "") body.profile_every = Number(f.profile_every.value);
+    for (const key of ["snapshot_every", "max_restarts"]) if (f[key] && f[key].value !== "") body[key] = Number(f[key].value);
+    if (f.inject && f.inject.value.trim()) body.inject = f.inject.value.trim();
     if (f.team) body.team = f.team.value;
     const button = document.getElementById("launch-button");
     button.disabled = true;

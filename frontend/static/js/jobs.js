@@ -1,14 +1,20 @@
 // The job pages: detail (history then live charts, one trace per attempt, the live log) and compare (the
 // job list is job_list.js). History comes first (rendered into the page, then paged from the events API
 // when long), then the websocket subscription resumes from the last history seq: no point is drawn twice
-// or missed.
+// or missed. Elastic recovery: faults are markers on the loss chart (hover: kind, RTO, steps lost), the
+// snapshots table restores the job from one, the goodput panel splits the wall time; the page starts from
+// the rows the server rendered and live `fault` / `recovery` / `snapshot` / `goodput` events update them.
 import { LiveClient } from "./live.js";
-import { COLORS, Ema, PLOT_CONFIG, TraceAppender, chartLayout, referenceLine, withReferences } from "./charts.js";
 import {
-  failureLines, formatGiB, formatNumber, formatSeconds, formatVsPredicted, getJSON, postJSON,
+  COLORS, Ema, FAULT_AXIS, PLOT_CONFIG, TraceAppender, chartLayout, faultShapes, faultTrace, referenceLine,
+  withReferences,
+} from "./charts.js";
+import {
+  failureLines, formatBytes, formatGiB, formatNumber, formatPercent, formatSeconds, formatVsPredicted, getJSON,
+  postJSON,
 } from "./common.js";
 
-const JOB_STATES = new Set(["queued", "launching", "running", "succeeded", "failed", "cancelled"]);
+const JOB_STATES = new Set(["queued", "launching", "running", "recovering", "succeeded", "failed", "cancelled"]);
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const EVENTS_PAGE = 5000;   // the events API returns at most this many per call
 const STEADY_WINDOW = 10;   // steps averaged into the live "measured" figures
@@ -165,6 +171,10 @@ class JobDetail {
     this.launchedAt = Date.parse(page.created_at) || Date.now();
     this.log = { lines: [], attempt: null, started: false };
     this.charts = {};
+    // elastic recovery: the rows the server rendered, updated by live events (keyed: a repeat replaces)
+    this.faults = new Map((page.faults || []).map((f) => [f.id, f]));
+    this.snapshots = new Map((page.snapshots || []).map((x) => [x.name, x]));
+    this.goodput = page.goodput || null;
   }
 
   async start() {
@@ -202,6 +212,9 @@ class JobDetail {
     this.plot(data);
     this.figures();
     this.waiting();
+    this.renderFaults();
+    this.renderSnapshots();
+    this.renderGoodput();
     const log = this.el("job-log");
     log.scrollTop = log.scrollHeight;
     this.bindButtons();
@@ -250,7 +263,11 @@ class JobDetail {
       return this.tracesOf(chart, s, data[chart].slice(s.slot * n, s.slot * n + n));
     });
     this.charts.loss = this.el("chart-loss");
-    Plotly.newPlot(this.charts.loss, traces("loss"), chartLayout({ yTitle: "loss", uirevision }), PLOT_CONFIG);
+    // the fault markers' trace (once there is a fault) comes after every attempt's two loss traces
+    const faults = [...this.faults.values()];
+    this.faultTrace = faults.length > 0;
+    Plotly.newPlot(this.charts.loss, [...traces("loss"), ...(this.faultTrace ? [faultTrace(faults, describeFault)] : [])],
+      { ...chartLayout({ yTitle: "loss", uirevision }), ...FAULT_AXIS, shapes: faultShapes(faults) }, PLOT_CONFIG);
 
     this.charts.tokens = this.el("chart-tokens");
     Plotly.newPlot(this.charts.tokens, traces("tokens"),
@@ -292,7 +309,142 @@ class JobDetail {
   addAttemptTraces(series) {
     for (const chart of Object.keys(TRACES_PER_ATTEMPT)) {
       this.appenders[chart].flush();
-      Plotly.addTraces(this.charts[chart], this.tracesOf(chart, series));
+      if (chart === "loss" && this.faultTrace) {  // before the fault markers: attempts keep 2*slot, 2*slot+1
+        const at = 2 * series.slot;
+        Plotly.addTraces(this.charts.loss, this.tracesOf(chart, series), [at, at + 1]);
+      } else {
+        Plotly.addTraces(this.charts[chart], this.tracesOf(chart, series));
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------------ elastic recovery
+
+  // the fault markers on the loss chart (their trace is the last one) and the faults table
+  renderFaults() {
+    const faults = [...this.faults.values()].sort((a, b) => (a.detected_at || "").localeCompare(b.detected_at || "") || a.id - b.id);
+    const div = this.charts.loss;
+    if (div && div.data && faults.length) {
+      const t = faultTrace(faults, describeFault);
+      this.appenders.loss.flush();
+      if (!this.faultTrace) {
+        Plotly.addTraces(div, t);
+        this.faultTrace = true;
+      } else {
+        Plotly.restyle(div, { x: [t.x], y: [t.y], text: [t.text], hovertext: [t.hovertext], showlegend: [t.showlegend] },
+          [div.data.length - 1]);
+      }
+      Plotly.relayout(div, { shapes: faultShapes(faults) });
+    }
+    const body = this.el("fault-table").tBodies[0];
+    body.replaceChildren(...faults.map((f) => {
+      const tr = document.createElement("tr");
+      tr.dataset.fault = f.id;
+      tr.dataset.kind = f.kind;
+      tr.dataset.recovered = f.recovered_at ? "yes" : "no";
+      const cells = [
+        [f.attempt + (f.restart ? ` · restart ${f.restart}` : ""), ""],
+        [f.kind, ""],
+        [f.rank ?? "—", "num"],
+        [f.step ?? "—", "num"],
+        [f.recovered_at ? (f.resumed_from_step ?? "—") + (f.snapshot ? ` (${f.snapshot})` : "") : "recovering…", ""],
+        [f.steps_lost ?? "—", "num"],
+        [f.rto_s != null ? formatSeconds(f.rto_s) : "—", "num"],
+      ];
+      for (const [text, cls] of cells) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        if (cls) td.className = cls;
+        tr.append(td);
+      }
+      tr.title = f.message || "";
+      return tr;
+    }));
+    this.el("faults-empty").hidden = faults.length > 0;
+  }
+
+  // the snapshots table, newest first, each with its "Restore from this snapshot" button
+  renderSnapshots() {
+    const rows = [...this.snapshots.values()].sort((a, b) => b.step - a.step || b.name.localeCompare(a.name));
+    const body = this.el("snapshot-table").tBodies[0];
+    const ended = TERMINAL.has(this.state);
+    body.replaceChildren(...rows.map((x) => {
+      const tr = document.createElement("tr");
+      tr.dataset.snapshot = x.name;
+      const td = (text, cls = "") => {
+        const el = document.createElement("td");
+        el.textContent = text;
+        if (cls) el.className = cls;
+        return el;
+      };
+      const ratio = x.raw_bytes && x.bytes_written ? ` (${formatNumber(x.raw_bytes / x.bytes_written, 2)}× smaller than raw)` : "";
+      const verified = td(x.verified ? "yes" : "no", x.verified ? "ok" : "bad");
+      if (x.problem) verified.title = x.problem;
+      const disk = x.on_disk == null ? "—" : x.on_disk;
+      const when = x.created_at ? new Date(x.created_at).toLocaleTimeString([], { hour12: false }) : "—";
+      const action = document.createElement("td");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "restore-button";
+      button.dataset.snapshot = x.name;
+      button.textContent = "Restore from this snapshot";
+      const restorable = x.restorable !== false && x.verified;
+      button.disabled = !ended || !restorable;
+      button.title = !restorable ? "this snapshot cannot be restored (not verified, or no longer on disk)"
+        : !ended ? "cancel the job (or let it end) first" : `a new attempt continues from step ${x.step}`;
+      action.append(button);
+      tr.append(td(x.name), td(x.step, "num"), td(x.kind), td(formatBytes(x.bytes_written) + ratio, "num"), verified,
+        td(disk), td(when), action);
+      return tr;
+    }));
+    this.el("snapshots-empty").hidden = rows.length > 0;
+  }
+
+  // goodput %: productive training time over wall time, and each part of the badput in seconds
+  renderGoodput() {
+    const g = this.goodput;
+    const value = this.el("goodput-value");
+    value.textContent = g ? formatPercent(g.goodput, 1) : "—";
+    if (g && g.goodput != null) value.dataset.value = g.goodput; else delete value.dataset.value;
+    this.el("goodput-detail").textContent = g
+      ? `${formatSeconds(g.productive_s)} productive of ${formatSeconds(g.wall_s)} wall time` +
+        (g.attempt ? ` · attempt ${g.attempt}` : "") + (g.restarts ? ` · ${g.restarts} restart(s)` : "")
+      : "";
+    const body = this.el("badput-table").tBodies[0];
+    const badput = (g && g.badput) || {};
+    body.replaceChildren(...Object.keys(badput).map((key) => {
+      const tr = document.createElement("tr");
+      tr.dataset.badput = key;
+      const name = document.createElement("th");
+      name.textContent = BADPUT_LABELS[key] || key.replace(/_s$/, "").replaceAll("_", " ");
+      const seconds = document.createElement("td");
+      seconds.className = "num";
+      seconds.textContent = formatSeconds(badput[key]);
+      seconds.dataset.value = badput[key];
+      tr.append(name, seconds);
+      return tr;
+    }));
+    this.el("goodput-empty").hidden = !!g;
+  }
+
+  // a fault, a recovery, a snapshot or the goodput reported while the page is open
+  elastic(v) {
+    if (v.fault || v.recovery) {
+      const f = v.recovery || v.fault;
+      // a fault event after its recovery (the relay may store them out of order) does not undo it
+      const known = this.faults.get(f.id);
+      if (!(v.fault && known && known.recovered_at)) this.faults.set(f.id, f);
+      this.renderFaults();
+    }
+    if (v.snapshot) {
+      const x = v.snapshot;
+      const where = x.removed ? "removed" : "present";
+      this.snapshots.set(x.name, { ...(this.snapshots.get(x.name) || {}), ...x, on_disk: where, restorable: x.verified && !x.removed });
+      this.renderSnapshots();
+    }
+    if (v.goodput) {
+      this.goodput = v.goodput;
+      this.renderGoodput();
     }
   }
 
@@ -320,7 +472,8 @@ class JobDetail {
       for (const [chart, t, x, y] of series.points(e)) this.appenders[chart].push(base(chart) + t, x, y);
       this.series.note(e.values || {});
       if (this.charts.experts && this.series.expertLoad) this.updateExperts();
-      if (this.state !== "running" && !TERMINAL.has(this.state)) this.setState("running");
+      // (a recovering job is running again once its recovery is reported, not at the first step after it)
+      if (this.state !== "running" && this.state !== "recovering" && !TERMINAL.has(this.state)) this.setState("running");
       this.figures();
       this.waiting();
     } else if (e.kind === "event") {
@@ -333,6 +486,8 @@ class JobDetail {
     const v = e.values || {};
     if (Array.isArray(v.log)) { this.appendLog(v, attempt); return; }
     this.timeline(e);
+    // the rows the page was rendered with already hold what the stored history says
+    if (live && (v.fault || v.recovery || v.snapshot || v.goodput)) this.elastic(v);
     if (v.state === "finished") this.measured = v;  // a "finished" event carries the run summary
     if (v.state === "queued") {  // a new attempt starts without one, from now
       this.measured = null;
@@ -405,6 +560,7 @@ class JobDetail {
     this.el("relaunch-button").hidden = !(state === "failed" || state === "cancelled");
     if (!TERMINAL.has(state)) this.el("cancel-button").disabled = false;
     this.waiting();
+    if (this.el("snapshot-table")) this.renderSnapshots();  // restore: only once the job has ended
   }
 
   // predicted vs measured, side by side; a stopped job shows what the job list shows for it
@@ -453,8 +609,8 @@ class JobDetail {
     time.dateTime = e.time;
     time.textContent = when.toLocaleTimeString([], { hour12: false });
     const state = document.createElement("span");
-    state.className = `state ${v.state || ""}`;
-    state.textContent = v.state || "event";
+    state.className = `state ${v.state || (v.fault ? "failed" : "")}`;
+    state.textContent = v.state || (v.fault ? "fault" : v.recovery ? "recovered" : v.snapshot ? "snapshot" : v.goodput ? "goodput" : "event");
     const detail = document.createElement("span");
     detail.className = "detail";
     detail.textContent = describe(v, e.step);
@@ -477,6 +633,12 @@ class JobDetail {
       log.scrollTop = log.scrollHeight;
     }
     this.showJobError(job.state, job.human_readable_error);
+    this.faults = new Map((job.faults || []).map((f) => [f.id, f]));
+    this.snapshots = new Map((job.snapshots || []).map((x) => [x.name, x]));
+    this.goodput = job.goodput || this.goodput;
+    this.renderFaults();
+    this.renderSnapshots();
+    this.renderGoodput();
     this.figures();
   }
 
@@ -519,14 +681,65 @@ class JobDetail {
       this.el("job-error").hidden = true;
       this.figures();
     });
+    // "Restore from this snapshot": a new attempt continues from exactly that snapshot
+    this.el("snapshot-table").addEventListener("click", async (ev) => {
+      const button = ev.target.closest("button.restore-button");
+      if (!button || button.disabled) return;
+      const name = button.dataset.snapshot;
+      const snap = this.snapshots.get(name) || {};
+      const ok = window.confirm(`Restore job #${this.page.id} from ${name} (step ${snap.step})? A new attempt ` +
+        "continues training from that step; the newer snapshots are set aside.");
+      if (!ok) return;
+      button.disabled = true;
+      this.showActionError("");
+      const r = await postJSON(`${this.page.api}restore/`, { snapshot: name });
+      if (!r.ok) { button.disabled = false; this.showActionError(failureLines(r, "restore failed").join(" ")); return; }
+      cancel.textContent = "Cancel";
+      this.measured = null;
+      this.row = null;
+      this.goodput = null;
+      this.setState(r.body.state);
+      this.el("job-attempts").textContent = r.body.attempts;
+      this.el("job-error").hidden = true;
+      this.renderGoodput();
+      this.figures();
+    });
   }
+}
+
+const BADPUT_LABELS = {
+  startup_s: "start-up (processes, rendezvous, first step)",
+  restore_s: "restore (reading a snapshot)",
+  snapshot_stall_s: "snapshot stall (staging)",
+  lost_progress_s: "lost progress (steps trained again)",
+  fault_wait_s: "fault detection and restart",
+  other_s: "other",
+};
+
+// The hover text of a fault marker: what happened, and how it was recovered.
+function describeFault(f) {
+  const what = [f.kind, f.rank != null && `rank ${f.rank}`, f.step != null && `after step ${f.step}`,
+    `attempt ${f.attempt}`].filter(Boolean).join(" · ");
+  const how = f.recovered_at
+    ? [`RTO ${formatSeconds(f.rto_s)}`, f.steps_lost != null && `${f.steps_lost} step(s) lost`,
+      f.resumed_from_step != null && `resumed from step ${f.resumed_from_step}` + (f.snapshot ? ` (${f.snapshot})` : "")]
+      .filter(Boolean).join(" · ")
+    : "not recovered (yet)";
+  return `${what}<br>${how}`;
 }
 
 // One line of the events timeline for an event's values.
 function describe(v, step) {
   const attempt = v.attempt ? `attempt ${v.attempt}` : "";
+  if (v.recovery) return describeFault(v.recovery).replace("<br>", " — recovered: ");
+  if (v.fault) return `${describeFault(v.fault).split("<br>")[0]}` + (v.fault.message ? `: ${v.fault.message}` : "");
+  if (v.snapshot) {
+    const x = v.snapshot;
+    return `snapshot ${x.name} (${x.kind}, ${formatBytes(x.bytes_written)}${x.verified ? ", verified" : ", NOT verified"})`;
+  }
+  if (v.goodput && !v.state) return `goodput ${formatPercent(v.goodput.goodput, 1)} of ${formatSeconds(v.goodput.wall_s)}`;
   switch (v.state) {
-    case "queued": return attempt;
+    case "queued": return [attempt, v.message].filter(Boolean).join(" · ");
     case "running": return [attempt, v.nodes && `${v.nodes} node(s)`, v.ranks && `${v.ranks} ranks`].filter(Boolean).join(", ");
     case "launching": return [attempt, v.nodes && `on ${v.nodes.join(", ")}`].filter(Boolean).join(" ");
     case "started": return `${v.world_size} ranks · ${v.strategy} · ${v.device}/${v.backend} · ${v.model} · ${formatNumber(v.params)} params` + (v.start_step ? ` · resumed at step ${v.start_step}` : "");

@@ -1,0 +1,122 @@
+"""Elastic recovery with real processes: a stack of its own (daphne, a Celery worker, the relay) on its own
+Redis database, a 2-rank job that snapshots, and the Celery worker that supervises it killed with SIGKILL
+mid-run. The job must not be lost: the relay's reaper records a ``worker-lost`` fault and queues a new
+attempt that resumes from the newest good snapshot on the fresh worker, trains the lost steps again to the
+very same losses, and ends succeeded."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack
+from tests.integration.test_chaos import _kill_and_restart_worker, _processes_mentioning, _wait
+from workers.training.examples import example
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SNAPSHOT_EVERY = 8
+STEPS = 48
+
+
+@pytest.fixture
+def recovering_stack(django_db_blocker):
+    """Its worker is killed and started again; its relay calls a supervisor dead after 6 s of silence."""
+    with django_db_blocker.unblock():
+        db_url = database_url_for_children()
+    stack = start_stack(
+        redis_url=own_redis_db(11),
+        database_url=db_url,
+        name="recovery",
+        worker_queues="default,planning,training",
+        extra_env={"CANN_TRAIN_HEARTBEAT_TIMEOUT_S": "6"},
+    )
+    try:
+        stack.wait_healthy()
+        yield stack
+    finally:
+        stop_stack(stack)
+
+
+def _train(stream: str) -> list[tuple[int, int, float]]:
+    """(attempt, step, loss) of the job's stored train events, in stream order."""
+    from controlplane.live.models import StreamEvent
+
+    rows = (
+        StreamEvent.objects.filter(stream=stream, kind="train").order_by("seq").values_list("step", "values")
+    )
+    return [(v.get("attempt"), step, v.get("loss")) for step, v in rows]
+
+
+def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
+    recovering_stack, make_member, token_for
+):
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.live.models import StreamEvent
+
+    token = token_for(make_member("erin", "Team E"))
+    body = {
+        "name": "survives its worker",
+        "model": example("tiny-dense.json"),
+        "strategy": {"dp": 2, "micro_batch_size": 2},
+        "training": {"global_batch_size": 4},
+        "steps": STEPS,
+        "device": "cpu",
+        "profile_every": 0,
+        "snapshot_every": SNAPSHOT_EVERY,
+    }
+    status, created = http("POST", recovering_stack.base_url + "/api/jobs/", token, body)
+    assert status == 201, created
+    job_id, stream = created["id"], created["stream"]
+    snapshots = created["config"]["snapshot_dir"]
+    assert f"/jobs/{job_id}/snapshots-" in snapshots
+    # past its second snapshot, and a few steps more that a resume will train again
+    _wait(lambda: len(_train(stream)) >= 2 * SNAPSHOT_EVERY + 3, 180, "the job to train past two snapshots")
+    assert _processes_mentioning(f"jobs/{job_id}/attempt-1/config-node0.json"), "the ranks should be running"
+
+    _kill_and_restart_worker(recovering_stack)
+
+    job = _wait(
+        lambda: (j := TrainingJob.objects.get(pk=job_id)).attempts == 2 and j, 60, "the automatic resume"
+    )
+    assert job.config["resume"] is True and job.restart_budget_from == 1
+    job = _wait(
+        lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 240, "the resumed attempt"
+    )
+    assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
+    assert _wait(
+        lambda: not _processes_mentioning(f"jobs/{job_id}/attempt-1/"), 30, "the old ranks to be gone"
+    )
+
+    [fault] = job.faults.all()
+    assert (fault.kind, fault.attempt) == ("worker-lost", 1)
+    assert "stopped answering" in fault.message
+    _wait(lambda: job.faults.filter(recovered_at__isnull=False).exists(), 30, "the fault to be closed")
+    fault.refresh_from_db()
+    # resumed from a snapshot's step, at most one interval behind the last step the dead attempt committed
+    assert fault.resumed_from_step % SNAPSHOT_EVERY == 0 and fault.resumed_from_step >= SNAPSHOT_EVERY
+    assert (
+        0 <= fault.steps_lost < SNAPSHOT_EVERY + 4
+        and fault.step - fault.resumed_from_step == fault.steps_lost
+    )
+    assert fault.rto_s > 0
+
+    train = _train(stream)
+    first = [t for t in train if t[0] == 1]
+    second = [t for t in train if t[0] == 2]
+    assert second[0][1] == fault.resumed_from_step + 1, "the new attempt continues after the snapshot"
+    assert second[-1][1] == STEPS and job.measured["steps"] == STEPS - fault.resumed_from_step
+    # the steps trained again have the very losses the dead attempt had (same data, same state: DDP on 2 ranks)
+    again = {step: loss for _, step, loss in second if step <= fault.step}
+    before = {step: loss for _, step, loss in first if step in again}
+    assert again and again == before
+    queued = StreamEvent.objects.filter(
+        stream=stream, kind="event", values__state="queued", values__attempt=2
+    ).get()
+    assert (
+        queued.values["automatic"] is True
+        and "Resumes from its newest good snapshot" in queued.values["message"]
+    )
+    states = list(
+        StreamEvent.objects.filter(stream=stream, kind="event").values_list("values__state", flat=True)
+    )
+    assert "recovering" in states and states[-1] == "succeeded"
