@@ -3,6 +3,7 @@ probe."""
 
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -136,6 +137,10 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     faults = serializers.SerializerMethodField(help_text="every attempt's faults, oldest first")
     snapshots = serializers.SerializerMethodField(help_text="the snapshots its ranks published, newest first")
     goodput = serializers.SerializerMethodField()
+    elastic_index = serializers.SerializerMethodField(
+        help_text="ETI = scaling efficiency x goodput x device utilisation (each factor with its inputs, null "
+        "with the reason when unknown) and the maturity level L0-L5 with each criterion met or not"
+    )
 
     class Meta:
         model = TrainingJob
@@ -170,6 +175,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "faults",
             "snapshots",
             "goodput",
+            "elastic_index",
             "created_at",
             "started_at",
             "finished_at",
@@ -187,6 +193,12 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     @extend_schema_field(GoodputSerializer(allow_null=True))
     def get_goodput(self, job) -> dict | None:
         return job.goodput
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_elastic_index(self, job) -> dict:
+        from controlplane.jobs.selectors import elastic_index
+
+        return elastic_index(job)
 
     def get_queue_position(self, job) -> int | None:
         from controlplane.jobs.selectors import queue_position

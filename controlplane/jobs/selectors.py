@@ -11,6 +11,7 @@ from pathlib import Path
 from django.db.models import F, Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
+from controlplane.common.models import JobState
 from controlplane.jobs.models import JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
@@ -416,4 +417,60 @@ def restart_policy(job: TrainingJob) -> dict:
         else None,
         "snapshot_keep": config.get("snapshot_keep", defaults["snapshot_keep"].default) if every else None,
         "inject": config.get("inject") or "",
+    }
+
+
+def elastic_index(job: TrainingJob) -> dict:
+    """The job's Elastic Training Index with each factor's inputs, and its maturity level with the criteria
+    (``workers.reliability.maturity``), from what the job stored: its measured run, goodput, config and
+    faults. The one-device baseline is the team's newest succeeded one-rank job of the same model."""
+    from workers.reliability import maturity as m
+
+    config = job.config or {}
+    measured = job.measured or {}
+    model_name = (config.get("model") or {}).get("name")
+    if job.world_size == 1:
+        single, source = measured.get("tokens_per_s"), "this job runs on one device: no scaling to measure"
+    else:
+        baseline = (
+            TrainingJob.objects.filter(
+                team_id=job.team_id,
+                state=JobState.SUCCEEDED,
+                nnodes=1,
+                nproc_per_node=1,
+                measured__isnull=False,
+            )
+            .filter(config__model__name=model_name)
+            .order_by("-finished_at")
+            .first()
+        )
+        single = (baseline.measured or {}).get("tokens_per_s") if baseline else None
+        source = (
+            f"measured by job {baseline.pk} ({baseline.name}) on one device"
+            if baseline
+            else f"no one-device run of {model_name} in your team's jobs: run it on 1 rank to measure the baseline"
+        )
+    peak = config.get("peak_tflops")
+    factors = [
+        m.scaling_efficiency(measured.get("tokens_per_s"), job.world_size, single, source),
+        m.goodput_factor(job.goodput),
+        m.utilisation(
+            measured.get("tflops_per_device"),
+            peak,
+            "the job's peak_tflops (its plan's device)"
+            if peak
+            else "no device peak in the job's config (launch from a plan)",
+        ),
+    ]
+    recovered = job.faults.filter(rto_s__isnull=False).count()
+    ran = bool(job.measured) or job.state in (JobState.RUNNING, JobState.RECOVERING)
+    return {
+        "eti": m.eti(factors),
+        "maturity": m.maturity(
+            config,
+            from_plan=bool(job.source_plan_id or job.plan),
+            ran=ran,
+            max_restarts=job.max_restarts,
+            recovered=recovered,
+        ),
     }

@@ -47,6 +47,7 @@ def job_detail(request, pk: int):
             "queue_position": selectors.queue_position(job),
             "strategy": selectors.strategy_short((job.config or {}).get("strategy")),
             "policy": selectors.restart_policy(job),
+            "elastic_index": selectors.elastic_index(job),
             # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
             "prediction_caveat": (
                 ((job.plan or {}).get("predicted") or {}).get("efficiency_profile") or {}

@@ -556,7 +556,13 @@ class Trainer:
                 (p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.pm.parameters()
             ),
             "parameters_total": num_params(self.cfg.model, active=False),
+            # model FLOP/s per device at the steady step time (6N + attention per token, model.py)
+            "tflops_per_device": round(
+                self.flops_per_token * self.tokens_per_step / step_time / self.world_size / 1e12, 6
+            ),
         }
+        if self.cfg.peak_tflops:
+            out["mfu"] = round(out["tflops_per_device"] / self.cfg.peak_tflops, 5)
         if self.last_split is not None:
             out["compute_s"], out["comm_s"] = self.last_split.compute_s, self.last_split.comm_s
         if h[-1].expert_load is not None:
