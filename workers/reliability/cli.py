@@ -22,8 +22,6 @@ import time
 import uuid
 from pathlib import Path
 
-from workers.training import examples
-
 LOSS_TOLERANCE = 1e-5
 """Relative loss difference still called a match for layouts whose reductions reorder (docs/elastic.md
 measured at most 7.2e-7 absolute on losses around 5 when resharding)."""
@@ -35,20 +33,9 @@ def register(subparsers) -> None:
         help="train with injected faults, recover, and compare with a run without faults",
         description=__doc__.splitlines()[0],
     )
-    src = p.add_argument_group("what to train (as cann-train train)")
-    src.add_argument("--plan", help="plan.json")
-    src.add_argument("--strategy", help="strategy.json")
-    src.add_argument("--model", help=f"model.json (tiny examples: {examples.DIR}/tiny-*.json)")
-    src.add_argument("--training", help="training.json")
-    src.add_argument("--data", help="token file or directory")
-    run = p.add_argument_group("run")
-    run.add_argument("--steps", type=int, default=40)
-    run.add_argument("--nproc", type=int, help="processes (default: tp*pp*dp*cp of the strategy)")
-    run.add_argument("--global-batch-size", type=int)
-    run.add_argument("--lr", type=float)
-    run.add_argument("--seed", type=int)
-    run.add_argument("--device", choices=["auto", "cpu", "cuda", "npu"])
-    run.add_argument("--comm-hook")
+    from workers.training.cli import add_job_arguments
+
+    run = add_job_arguments(p, steps=40)
     run.add_argument("--timeout", type=float, default=1800, help="seconds before each run is stopped")
     el = p.add_argument_group("recovery")
     el.add_argument("--recovery", choices=["restart", "hot-swap"], default="restart")

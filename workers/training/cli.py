@@ -27,25 +27,10 @@ def register(subparsers) -> None:
         help="run training locally under torchrun and print a summary",
         description=__doc__.splitlines()[0],
     )
-    src = p.add_argument_group("what to train")
-    src.add_argument("--plan", help="plan.json (its 'strategy'; its 'model' if present, else --model)")
-    src.add_argument("--strategy", help="strategy.json")
-    src.add_argument("--model", help=f"model.json (tiny examples: {EXAMPLES}/tiny-*.json)")
-    src.add_argument("--training", help="training.json (global_batch_size, dtype, optimizer)")
-    src.add_argument("--data", help="token file or directory (default: this Python's stdlib sources, bytes)")
-    run = p.add_argument_group("run")
-    run.add_argument("--steps", type=int, default=10)
-    run.add_argument("--nproc", type=int, help="processes (default: tp*pp*dp*cp of the strategy)")
-    run.add_argument("--global-batch-size", type=int, help="overrides training.global_batch_size")
-    run.add_argument("--lr", type=float)
-    run.add_argument("--seed", type=int)
-    run.add_argument(
-        "--device", choices=["auto", "cpu", "cuda", "npu"], help="default $CANN_TRAIN_DEVICE or auto"
-    )
+    run = add_job_arguments(p, steps=10)
     run.add_argument(
         "--profile-every", type=int, default=5, help="measure compute vs comm every N steps (0: off)"
     )
-    run.add_argument("--comm-hook", help="DDP communication hook name (workers.training.comm registry)")
     run.add_argument("--job-id", default=os.environ.get("CANN_TRAIN_JOB_ID"), help="publish to job/<id>")
     run.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
@@ -68,6 +53,28 @@ def register(subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=train_command)
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, steps: int):
+    """What to train and the run's basic flags (``train`` and ``elastic`` share them); returns the "run"
+    argument group for the command's own run flags."""
+    src = p.add_argument_group("what to train")
+    src.add_argument("--plan", help="plan.json (its 'strategy'; its 'model' if present, else --model)")
+    src.add_argument("--strategy", help="strategy.json")
+    src.add_argument("--model", help=f"model.json (tiny examples: {EXAMPLES}/tiny-*.json)")
+    src.add_argument("--training", help="training.json (global_batch_size, dtype, optimizer)")
+    src.add_argument("--data", help="token file or directory (default: this Python's stdlib sources, bytes)")
+    run = p.add_argument_group("run")
+    run.add_argument("--steps", type=int, default=steps)
+    run.add_argument("--nproc", type=int, help="processes (default: tp*pp*dp*cp of the strategy)")
+    run.add_argument("--global-batch-size", type=int, help="overrides training.global_batch_size")
+    run.add_argument("--lr", type=float)
+    run.add_argument("--seed", type=int)
+    run.add_argument(
+        "--device", choices=["auto", "cpu", "cuda", "npu"], help="default $CANN_TRAIN_DEVICE or auto"
+    )
+    run.add_argument("--comm-hook", help="DDP communication hook name (workers.training.comm registry)")
+    return run
 
 
 def build_job_config(args: argparse.Namespace):
