@@ -119,6 +119,7 @@ def _launch(cfg, work: Path, name: str, max_restarts: int, env: dict) -> tuple[s
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         run_id=uuid.uuid4().hex[:12],
         max_restarts=max_restarts,
+        warm=True,  # the restart path cann-train elastic uses
     )
     proc = subprocess.Popen(
         cmd,

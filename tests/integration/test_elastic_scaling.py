@@ -33,7 +33,7 @@ def test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back(tmp_path):
     env = {**torchrun_env(), ENV: str(tmp_path / "progress"), "OMP_NUM_THREADS": "1"}
 
     def node(i: int) -> subprocess.Popen:
-        cmd = render_torchrun_command(str(tmp_path / "job.json"), 2, 1, i, endpoint, "scaling", max_restarts=5,
+        cmd = render_torchrun_command(str(tmp_path / "job.json"), 2, 1, i, endpoint, "scaling", max_restarts=5, warm=True,
                                       min_nodes=1, summary_path=str(tmp_path / f"summary{i}.json"))  # fmt: skip
         log = (tmp_path / f"node{i}.log").open("ab")
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -108,6 +108,7 @@ def run_elastic(
         run_id=uuid.uuid4().hex[:12],
         max_restarts=max_restarts,
         summary_path=str(summary_path),
+        warm=True,
     )
     env = {**torchrun_env(), **watch.env}
     env.setdefault("OMP_NUM_THREADS", "1")

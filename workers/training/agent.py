@@ -27,6 +27,13 @@ RUNTIME = "workers.training.run"
 
 def run_rank(*argv: str) -> int:
     """A forked rank: the runtime's ``main`` with its own arguments (exceptions are torchrun's to record)."""
+    import signal
+
+    # A forked child inherits the agent's Python signal handlers (torchrun turns SIGTERM into an exception
+    # for its own shutdown). A rank must die on SIGTERM as a spawned one does: an exception raised in one
+    # rank in the middle of a collective would leave its peers waiting for the collective timeout.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     from workers.training import run
 
     return run.main(list(argv))
