@@ -164,7 +164,6 @@ def run(args) -> dict:
 def recovery(args) -> dict:
     """Part 4: restart recovery under torchrun, with and without one rank killed every ``kill_every`` s."""
     from workers.reliability.cli import run_elastic
-    from workers.reliability.progress import TimelineReader
     from workers.training.config import JobConfig
 
     work = Path(tempfile.mkdtemp(prefix="cann-recovery-bench-", dir=args.dir))
@@ -185,11 +184,6 @@ def recovery(args) -> dict:
             }
         )
 
-    def timeline(run_dir: Path) -> list[dict]:
-        reader = TimelineReader(run_dir / "progress")
-        reader.read_new()
-        return reader.events
-
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     out: dict = {"ranks": args.ranks, "minutes": args.minutes, "kill_every_s": args.kill_every}
     try:
@@ -198,7 +192,7 @@ def recovery(args) -> dict:
         )
         if ref["exit_code"] != 0:
             raise RuntimeError(f"the run without faults failed:\n{ref['log_tail']}")
-        steps = [e for e in timeline(work / "ref") if e.get("event") == "step"]
+        steps = [e for e in ref["timeline"] if e.get("event") == "step"]
         step_s = statistics.median(e["step_time_s"] for e in steps[2:])
         out["reference"] = {"steps": len(steps), "step_s": step_s, "goodput": ref["report"]["goodput"]}
         every = max(1, round(args.snapshot_interval / step_s))
@@ -224,7 +218,7 @@ def recovery(args) -> dict:
             timeout=args.minutes * 60 * 3 + 600,
         )
         out["exit_code"] = run["exit_code"]
-        events = timeline(work / "faulty")
+        events = run["timeline"]
         faults = []
         for f in run["report"]["faults"]:
             if "rto_s" not in f:

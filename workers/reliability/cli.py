@@ -122,7 +122,8 @@ def run_elastic(
         "log_tail": outcome.log_tail,
         "summary": summary,
         "report": watch.report(),
-        "all_snapshots": list(watch._snapshots.values()),
+        "all_snapshots": watch.snapshots_seen,
+        "timeline": watch.timeline.events,  # rank 0's timeline as the watch read it (no second read)
     }
 
 
@@ -273,7 +274,7 @@ def elastic_command(args: argparse.Namespace) -> int:
             inject=args.inject,
             timeout=args.timeout,
         )
-        run["report"]["timeline"] = _timeline(root / "faulty")
+        run["report"]["timeline"] = run["timeline"]
         result = elastic_result(run, reference, recovery="restart")
         result["wall_s"] = round(time.monotonic() - t0, 2)
         if run["exit_code"] != 0:
@@ -292,14 +293,6 @@ def _with(cfg, **changes):
     from workers.training.config import JobConfig
 
     return JobConfig.from_dict({**cfg.to_dict(), **changes})
-
-
-def _timeline(run_dir: Path) -> list[dict]:
-    from workers.reliability.progress import TimelineReader
-
-    reader = TimelineReader(run_dir / "progress")
-    reader.read_new()
-    return reader.events
 
 
 def _hot_swap(args, cfg, nproc: int, faults) -> int:

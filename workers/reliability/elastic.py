@@ -304,6 +304,11 @@ class ElasticWatch:
 
             memory.remove(self.snapshot_dir)  # the run is over: free the RAM of its in-memory snapshots
 
+    @property
+    def snapshots_seen(self) -> list[dict]:
+        """Every snapshot reported during the run, including those retention removed since."""
+        return list(self._snapshots.values())
+
     def report(self) -> dict:
         end = self.end_unix or time.time()
         return {
