@@ -229,10 +229,11 @@ def check_restart_policy(*, max_restarts, hang_timeout_s) -> None:
 def check_injectable(config: dict, world_size: int, *, allow_kill_worker: bool) -> None:
     """The faults a job injects (``inject``) must fit it: ranks it has, snapshots to corrupt. A request
     through the API may inject a rank killed or hung, its newest snapshot corrupted; not ``kill-worker``
-    (``allow_kill_worker``): a Celery worker supervises other jobs too, other teams' among them."""
+    (``allow_kill_worker``): a Celery worker supervises other jobs too, other teams' among them. Never
+    ``drop-link``: a job's ranks run on the machine's own network, not in the emulated one's namespaces."""
     if not config.get("inject"):
         return
-    from workers.reliability.faults import parse_faults
+    from workers.reliability.faults import DROP_LINK_NEEDS_NETEM, parse_faults
 
     try:
         faults = parse_faults(config["inject"])
@@ -243,6 +244,10 @@ def check_injectable(config: dict, world_size: int, *, allow_kill_worker: bool) 
             raise ValidationError({"inject": [f"{f}: the job has ranks 0-{world_size - 1}"]})
         if f.kind == "corrupt-snapshot" and not int(config.get("snapshot_every") or 0):
             raise ValidationError({"inject": [f"{f}: the job takes no snapshots (set snapshot_every)"]})
+        if f.kind == "drop-link":
+            raise ValidationError(
+                {"inject": [f"{f}: {DROP_LINK_NEEDS_NETEM}; a job runs on its nodes' own network"]}
+            )
     if not allow_kill_worker and any(f.kind == "kill-worker" for f in faults):
         raise ValidationError(
             {

@@ -160,6 +160,7 @@ def test_a_restore_to_a_snapshot_that_is_not_there_fails_clearly(tmp_path):
         (["--hang-timeout", "0"], "--hang-timeout: must be > 0"),
         (["--snapshot-every", "0", "--inject", "kill-rank@step=2"], "restart recovery needs snapshots"),
         (["--recovery", "hot-swap", "--inject", "hang-rank@step=2"], "hot-swap recovery takes kill-rank"),
+        (["--inject", "drop-link@step=2:rank=1"], "drop-link takes down a node's link on the emulated"),
     ],
 )
 def test_bad_elastic_flags_are_refused_before_anything_runs(flags, says, tmp_path):

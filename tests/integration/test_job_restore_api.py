@@ -235,6 +235,7 @@ def _submit(client, **extra):
         ({"inject": "kill-rank@step=3:rank=5"}, "inject", "ranks 0-1"),
         ({"inject": "corrupt-snapshot@step=3"}, "inject", "takes no snapshots"),
         ({"inject": "kill-worker@step=3", "snapshot_every": 2}, "inject", "other teams'"),
+        ({"inject": "drop-link@step=3:rank=1", "snapshot_every": 2}, "inject", "emulated two-tier network"),
     ],
 )
 def test_submit_validates_the_restart_policy_and_the_faults_to_inject(alice, extra, field, words):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from workers.reliability.elastic import ElasticWatch
 from workers.reliability.faults import Fault, FaultInjector, flip_a_byte, parse_faults
 from workers.reliability.goodput import goodput, kept_losses
 from workers.reliability.progress import ProgressWriter, TimelineReader, read_progress
@@ -25,6 +26,10 @@ def test_a_fault_plan_parses():
         Fault("corrupt-snapshot", 30),
     ]
     assert parse_faults("") == []
+    assert parse_faults("drop-link@step=5:rank=1,drop-link@step=9") == [
+        Fault("drop-link", 5, 1),
+        Fault("drop-link", 9),
+    ]
     assert str(Fault("hang-rank", 40, 1)) == "hang-rank@step=40:rank=1"
 
 
@@ -85,6 +90,21 @@ def test_a_fault_fires_once_on_a_real_process_and_not_again_after_a_relaunch(tmp
     finally:
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()
+
+
+def test_a_link_drop_outside_the_emulated_network_is_refused_and_recorded_not_a_fault(tmp_path):
+    # this test's own process runs on the machine's network (no named namespace): nothing to take down
+    injector = FaultInjector("drop-link@step=2:rank=1", world_size=2)
+    watch = ElasticWatch(tmp_path, hang_timeout_s=60, injector=injector)
+    rank1 = ProgressWriter(watch.dir, rank=1, restart=0)
+    rank1.update("training", 2)
+    watch.poll()
+    [fired] = injector.fired
+    assert fired.refused and fired.pid == os.getpid() and fired.detail.startswith("refused: ")
+    assert "emulated two-tier network" in fired.detail or "iproute2" in fired.detail, fired.detail
+    assert injector.links_down == {} and injector.pending == []  # not tried again at the next poll
+    assert watch.faults == [] and [(e["kind"], e["refused"]) for e in watch.events] == [("drop-link", True)]
+    rank1.close()
 
 
 def test_faults_fire_in_the_order_written(tmp_path):

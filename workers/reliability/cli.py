@@ -61,7 +61,8 @@ def register(subparsers) -> None:
         "--inject",
         default="",
         help="faults, e.g. kill-rank@step=17,hang-rank@step=40,corrupt-snapshot@step=30 "
-        "(workers/reliability/faults.py; hot-swap: kill-rank only)",
+        "(workers/reliability/faults.py; hot-swap: kill-rank only; not drop-link, which needs the emulated "
+        "two-tier network)",
     )
     el.add_argument("--no-reference", action="store_true", help="skip the run without faults")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -200,7 +201,7 @@ def elastic_result(run: dict, reference: dict | None, *, recovery: str) -> dict:
 
 
 def elastic_command(args: argparse.Namespace) -> int:
-    from workers.reliability.faults import parse_faults
+    from workers.reliability.faults import DROP_LINK_NEEDS_NETEM, parse_faults
     from workers.training.cli import build_job_config
     from workers.training.config import ConfigError
 
@@ -214,6 +215,10 @@ def elastic_command(args: argparse.Namespace) -> int:
             faults = parse_faults(args.inject)
         except ValueError as exc:
             raise ConfigError("--inject", str(exc)) from None
+        if any(f.kind == "drop-link" for f in faults):
+            raise ConfigError(
+                "--inject", DROP_LINK_NEEDS_NETEM + "; this command runs every rank on this machine"
+            )
         if args.recovery == "hot-swap" and any(f.kind != "kill-rank" for f in faults):
             raise ConfigError("--inject", "hot-swap recovery takes kill-rank faults only")
         if args.recovery == "restart" and faults and not args.snapshot_every:

@@ -7,7 +7,10 @@ from the newest snapshot that verifies (``Trainer.resuming``). torchrun only see
 *hung* rank (a stuck kernel, a collective waiting on a peer that never comes) would hold the group until
 gloo's / NCCL's collective timeout (30 minutes by default): :class:`ElasticWatch` notices that no rank has
 committed a step for ``hang_timeout_s`` and SIGKILLs the stopped ranks (all of them when none is stopped:
-a deadlock looks the same on every rank), which torchrun then treats as a failure like any other.
+a deadlock looks the same on every rank), which torchrun then treats as a failure like any other. A node's
+link taken down by an injected ``drop-link`` (:mod:`workers.reliability.faults`) is found that way: the
+ranks wait in their collectives, none stopped; once the fault is recorded the link is brought up again, so
+the restarted group can re-form.
 
 The watch reads what the ranks write (:mod:`workers.reliability.progress`); it runs in the supervising
 process, called from :func:`workers.training.supervisor.supervise` (``on_poll``) every poll, so it works
@@ -17,8 +20,10 @@ the recovery time). Snapshots the job publishes are reported once each (``on_sna
 
 Dict shapes (also what :meth:`ElasticWatch.report` returns):
 
-- fault: ``{"kind": "rank-killed"|"rank-hung"|"rank-failed", "rank", "step", "restart", "detected_unix",
-  "fault_unix", "message"}`` (``fault_unix``: when an injected fault fired, else when it was detected)
+- fault: ``{"kind": "rank-killed"|"rank-hung"|"rank-failed"|"drop-link", "rank", "step", "restart",
+  "detected_unix", "fault_unix", "message"}`` (``fault_unix``: when an injected fault fired, else when it was
+  detected; ``drop-link``: found while a link an injected fault took down was down, ``rank`` the one it
+  targeted)
 - recovery: the fault's keys + ``{"resumed_from_step", "snapshot", "tier" (memory|disk), "steps_lost", "rto_s",
   "recovered_unix", "skipped"}`` (``rto_s``: from the fault to the first step committed after it)
 - snapshot: ``{"name", "step", "kind", "bytes_written", "raw_bytes", "base", "created_unix", "verified",
@@ -123,6 +128,8 @@ class ElasticWatch:
                 log.info("injected %s at step %s (%s)", fired.fault, fired.step, fired.detail)
                 if fired.kind == "corrupt-snapshot":
                     self.events.append({"kind": "snapshot-corrupted", **fired.to_dict()})
+                elif fired.refused:  # nothing happened to the run: an event that says why, not a fault
+                    self.events.append(fired.to_dict())
         if self.restart not in self._faulted_restarts:
             self._find_fault(current, now)
         self._find_recoveries()
@@ -150,6 +157,11 @@ class ElasticWatch:
                 return fired
         return None
 
+    def _link_down(self):
+        """The injected ``drop-link`` whose link is down now (the first, if several), else None."""
+        down = self.injector.links_down.values() if self.injector is not None else ()
+        return min(down, key=lambda fired: fired.fired_unix, default=None)
+
     def _find_fault(self, current: dict[int, dict], now: float) -> None:
         dead, stopped, training = [], [], False
         for rank, doc in sorted(current.items()):
@@ -168,7 +180,8 @@ class ElasticWatch:
             injected = [(r, d) for r, d in dead if self._injected(r, d["pid"], ("kill-rank",))]
             rank, doc = (injected or dead)[0]
             fired = self._injected(rank, doc["pid"], ("kill-rank",))
-            kind = "rank-killed" if fired else "rank-failed"
+            link = None if fired else self._link_down()
+            kind = "rank-killed" if fired else "drop-link" if link else "rank-failed"
             message = (
                 f"rank {rank} (pid {doc['pid']}) was killed by the injected fault {fired.fault}"
                 if fired
@@ -178,8 +191,10 @@ class ElasticWatch:
                     if len(dead) > 1
                     else ""
                 )
+                + (f" after the injected fault {link.fault} took {link.detail}" if link else "")
             )
-            self._record(kind, rank, now, fired.fired_unix if fired else now, message)
+            at = fired.fired_unix if fired else link.fired_unix if link else now
+            self._record(kind, link.rank if link else rank, now, at, message)
             return
         stalled_s = time.monotonic() - self._advance[1]
         if training and stalled_s > self.hang_timeout_s:
@@ -191,18 +206,22 @@ class ElasticWatch:
                     pass
             first = victims[0][0] if len(victims) == 1 or stopped else None
             fired = self._injected(first, None, ("hang-rank",)) if stopped else None
-            who = (
-                "rank " + ", ".join(str(r) for r, _ in victims) + " (stopped)"
-                if stopped
-                else "every rank of this node (none was stopped: a deadlock looks the same on all)"
-            )
+            link = None if stopped else self._link_down()
+            ranks = ", ".join(str(r) for r, _ in victims)
+            if stopped:
+                who = f"rank {ranks} (stopped)" + (f"; injected fault {fired.fault}" if fired else "")
+            elif link:
+                who = f"rank {ranks} (waiting across a link: injected fault {link.fault} took {link.detail})"
+            else:
+                who = "every rank of this node (none was stopped: a deadlock looks the same on all)"
+            cause = fired or link
             self._record(
-                "rank-hung",
-                first,
+                "drop-link" if link else "rank-hung",
+                link.rank if link else first,
                 now,
-                fired.fired_unix if fired else now - stalled_s,
+                cause.fired_unix if cause else now - stalled_s,
                 f"no step committed for {stalled_s:.1f} s (hang timeout {self.hang_timeout_s:g} s): "
-                f"killed {who}" + (f"; injected fault {fired.fault}" if fired else ""),
+                f"killed {who}",
             )
 
     def _record(
@@ -216,6 +235,15 @@ class ElasticWatch:
     ) -> None:
         restart = self.restart if restart is None else restart
         self._faulted_restarts.add(restart)
+        if self.injector is not None and self.injector.links_down:
+            # the ranks are dead (killed, or torchrun is restarting them): the flaky link recovers, so the
+            # group can re-form across it
+            restored = self.injector.restore_links()
+            message += (
+                f"; the link of {', '.join(restored)} is up again"
+                if restored
+                else "; the link could not be brought up again (see the log)"
+            )
         fault = {
             "kind": kind,
             "rank": rank,
@@ -299,6 +327,9 @@ class ElasticWatch:
         """The supervised process has ended: read what is left and stop the clock."""
         self.poll()
         self.end_unix = time.time()
+        if self.injector is not None and self.injector.links_down:  # the run ended before it was found
+            log.warning("drop-link: the run ended with a link down; bringing it up")
+            self.injector.restore_links()
         if self.snapshot_dir is not None:
             from workers.training.checkpoint import memory
 

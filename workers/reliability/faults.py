@@ -16,29 +16,44 @@ Faults fire in the order written: one waits until those before it have fired (a 
                        step ``N`` or, if no snapshot is published by then, as soon as one is.
 - ``kill-worker``      SIGKILL the process that supervises the ranks (the Celery worker of the node): only
                        where the caller passes ``kill_worker`` (the control plane); its ranks die with it.
-
-Dropping a node's link needs the emulated two-tier network (network namespaces, ``comm-opt``) and is not
-offered here yet.
+- ``drop-link``        take down the link of the node that holds the rank: the network namespace its process
+                       runs in (``ip netns identify <pid>``), ``ip -n <ns> link set ctnet0 down``. Only on the
+                       emulated two-tier network (:mod:`workers.training.comm.netem`, one namespace per node);
+                       a rank in no named namespace (a run on the machine's own network) is refused: nothing
+                       is done and the record says why (``Fired.refused``). Every rank waiting on a
+                       collective across that link stops making progress, so the watcher's hang timeout
+                       finds it. The link comes back, like a flaky port that recovers, when the watcher has
+                       recorded the fault and killed the ranks (:meth:`FaultInjector.restore_links`, before
+                       the group re-forms), and at the latest when the watch finishes.
 
 The injector is driven by the watcher's poll loop (:meth:`FaultInjector.poll`); which faults have fired is
 kept in ``state_path`` when one is given, so that a relaunched attempt (a new supervisor) does not fire
-them again when it passes the same steps.
+them again when it passes the same steps. Links it took down are not: a supervisor that dies with a link
+down leaves it down until the emulated network is torn down.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-KINDS = ("kill-rank", "hang-rank", "corrupt-snapshot", "kill-worker")
+KINDS = ("kill-rank", "hang-rank", "corrupt-snapshot", "kill-worker", "drop-link")
 MAX_FAULTS = 100
 _FAULT = re.compile(r"(?P<kind>[a-z-]+)@step=(?P<step>\d{1,9})(?::rank=(?P<rank>\d{1,6}))?")
+IP_TIMEOUT_S = 10.0  # an `ip` call takes milliseconds; this only bounds a stuck one
+DROP_LINK_NEEDS_NETEM = (
+    "drop-link takes down a node's link on the emulated two-tier network (one network namespace per node, "
+    "workers/training/comm/netem.py)"
+)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,8 @@ class Fired:
     restart: int | None
     fired_unix: float
     detail: str = ""
+    refused: bool = False
+    """Nothing was done (``detail`` says why): a ``drop-link`` on a rank outside the emulated network."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,6 +134,8 @@ class FaultInjector:
             if f.kind == "kill-worker" and kill_worker is None:
                 raise ValueError(f"{f}: only a job supervised by a control-plane worker has a worker to kill")
         self.fired: list[Fired] = []
+        self.links_down: dict[str, Fired] = {}
+        """Network namespace -> the ``drop-link`` that took its link down, until :meth:`restore_links`."""
         self._done: set[str] = set(self._load_state())
 
     def _load_state(self) -> list[str]:
@@ -179,11 +198,71 @@ class FaultInjector:
                 fired_unix=now,
                 detail=f"{target.parent.name}/{target.name}: byte {offset} flipped",
             )
+        if fault.kind == "drop-link":
+            return self._drop_link(fault, rank, doc, common, now)
         assert fault.kind == "kill-worker" and self.kill_worker is not None
         self._done.add(str(fault))
         self._save_state()  # before the worker dies with us: the next attempt must not fire it again
         self.kill_worker()
         return Fired(**common, rank=None, pid=os.getpid(), fired_unix=now, detail="SIGKILL")
+
+    def _drop_link(self, fault: Fault, rank: int, doc: dict, common: dict, now: float) -> Fired | None:
+        from workers.training.comm.netem import IFNAME
+
+        pid = doc["pid"]
+        try:
+            namespace = network_namespace_of(pid)
+            if not namespace:
+                raise RuntimeError(
+                    f"rank {rank} (pid {pid}) runs in no named network namespace: {DROP_LINK_NEEDS_NETEM}"
+                )
+            set_link(namespace, up=False)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            if not Path(f"/proc/{pid}").exists():
+                return None  # it is gone already (restarting): fire on its successor
+            log.warning("%s refused: %s", fault, exc)
+            return Fired(**common, rank=rank, pid=pid, fired_unix=now, detail=f"refused: {exc}", refused=True)
+        self.links_down[namespace] = fired = Fired(
+            **common, rank=rank, pid=pid, fired_unix=now, detail=f"{IFNAME} of {namespace} down"
+        )
+        return fired
+
+    def restore_links(self) -> list[str]:
+        """Bring up every link a ``drop-link`` took down; returns their namespaces. One that cannot be
+        brought up (its namespace was removed meanwhile) is logged and forgotten."""
+        restored = []
+        for namespace in list(self.links_down):
+            del self.links_down[namespace]
+            try:
+                set_link(namespace, up=True)
+            except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+                log.warning("the link of %s could not be brought up again: %s", namespace, exc)
+                continue
+            restored.append(namespace)
+        return restored
+
+
+def _ip(*argv: str) -> str:
+    try:
+        proc = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    except FileNotFoundError:
+        raise RuntimeError("`ip` (iproute2) not found") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def network_namespace_of(pid: int) -> str:
+    """The named network namespace (``ip netns``) process ``pid`` runs in; "" when it is in none."""
+    names = _ip("netns", "identify", str(pid)).split()
+    return names[0] if names else ""
+
+
+def set_link(namespace: str, *, up: bool) -> None:
+    """Bring the emulated node link (``ctnet0``) of ``namespace`` up or down."""
+    from workers.training.comm.netem import IFNAME
+
+    _ip("-n", namespace, "link", "set", IFNAME, "up" if up else "down")
 
 
 def newest_snapshot_file(snapshot_dir: Path | None) -> Path | None:
