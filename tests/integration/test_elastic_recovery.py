@@ -45,6 +45,8 @@ def test_kill_hang_and_a_corrupt_snapshot_are_survived_bit_for_bit(tmp_path):
         "--strategy", strategy_file(tmp_path, dp=2, micro_batch_size=2),
         "--steps", "18", "--global-batch-size", "8",
         "--snapshot-every", "4", "--incremental", "--hang-timeout", "3",
+        # every snapshot kept: the watch scans once a second, and retention could remove one in between
+        "--snapshot-keep", "10",
         # the newest snapshot (step 4) corrupted, then rank 1 killed: the run must go back past step 4
         "--inject", "corrupt-snapshot@step=5,kill-rank@step=6,hang-rank@step=13:rank=0",
     )  # fmt: skip
