@@ -4,14 +4,18 @@ with AdamW on this machine's CPU (one rank, the real ``Trainer`` and ``SnapshotM
 1. Training-thread stall of a snapshot: a synchronous save (DCP's stock ``dcp.save`` with
    ``FileSystemWriter``; and our engine waited on) against the asynchronous snapshot (staging only).
 2. What the background write costs the steps that run beside it (step time with / without a write).
-3. Bytes on disk: raw state, a full zstd snapshot, and deltas taken k steps after their base.
+3. Bytes on disk: raw state, a full zstd snapshot, and deltas taken k steps after their base: XOR deltas of
+   the state, and logs of the gradients the optimizer consumed (``snapshot_delta: log``), with the restore
+   time of a full snapshot + a chain of logs replayed on it (checked bit for bit against the live state).
 4. Recovery (``--parts recovery``): the same model under torchrun with restart recovery
    (``workers.reliability``): a run without faults, then one rank SIGKILLed every ``--kill-every`` seconds
    for ``--minutes``: kill -> next committed step (RTO, with where its seconds went) and goodput with and
    without the kills.
 
     .venv/bin/python bench/elastic.py [--layers 12] [--hidden 768] [--ffn 2560] [--threads 1] [--json]
-        [--parts snapshots recovery] [--ranks 2] [--minutes 10] [--kill-every 60]
+        [--parts snapshots recovery] [--logs 3] [--ranks 2] [--minutes 10] [--kill-every 60]
+
+A smoke run of the snapshot part on a small model: ``--parts snapshots --layers 2 --hidden 128 --ffn 256``.
 
 ``--threads`` is torch's intra-op threads for training: 1 leaves the second core to the writer, as an
 accelerator's host leaves cores to the checkpoint writer (see docs/elastic.md).
@@ -20,6 +24,7 @@ accelerator's host leaves cores to the checkpoint writer (see docs/elastic.md).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -151,7 +156,7 @@ def run(args) -> dict:
             during.append(step())
         mgr.wait()
         out["full_async"] = full_async.to_dict()
-        out["gradient_zstd_bytes"] = gradient_bytes(trainer)
+        out["log"] = log_snapshots(trainer, step, work, args.logs)
         out["step_s_quiet_median"] = statistics.median(quiet)
         out["step_s_during_write_median"] = statistics.median(during) if during else None
         out["steps_during_writes"] = len(during)
@@ -274,22 +279,66 @@ def report_recovery(r: dict) -> str:
     return "\n".join(lines)
 
 
-def gradient_bytes(trainer) -> int:
-    """One step's gradients, byte-shuffled zstd like a full frame: what a delta that logs the optimizer's
-    inputs (and replays them on the base) would store per step. A forward/backward without an optimizer
-    step: the trained state is left as it was."""
-    from workers.training.checkpoint.codec import FrameEncoder
-    from workers.training.checkpoint.storage import tensor_bytes
-    from workers.training.parallelize import cross_entropy
+def log_snapshots(trainer, step, work: Path, logs: int) -> dict:
+    """Log snapshots through the real engine (``snapshot_delta: log``, a snapshot after every step): a full
+    base, then ``logs`` logs of one step each. Then the restore of the base alone and of the base + j logs
+    (``Trainer.restore_snapshot``: DCP load, then each log's gradients replayed through ``optimizer.step()``),
+    the last one compared bit for bit with the live state it rebuilds."""
+    from workers.training.checkpoint import SnapshotManager
+    from workers.training.checkpoint.storage import verify
 
-    inputs, labels = trainer.loader.next_batch()
-    cross_entropy(trainer.pm.parts[0](inputs), labels).backward()
-    encoder, total = FrameEncoder(), 0
-    for p in trainer.pm.parameters():
-        g = p.grad.detach().contiguous()
-        total += sum(len(piece) for piece in encoder.encode(tensor_bytes(g), g.element_size()))
-    trainer.optimizer.zero_grad(set_to_none=True)
-    return total
+    xor = trainer.snapshots
+    mgr = SnapshotManager(
+        work / "log-snapshots",
+        process_group=xor.group,
+        full_every=logs + 1,
+        keep=1000,
+        layout=trainer.layout(),
+        delta="log",
+    )
+    trainer.snapshots = mgr  # train_step records each step's gradients while the next snapshot is a log
+    out: dict = {}
+    try:
+        out["prepare_s"] = mgr.prepare(trainer.snapshot_state(), trainer.logged_parameters())
+        base = mgr.save(trainer.step, trainer.snapshot_state)
+        mgr.wait()
+        records = [base]
+        for _ in range(logs):
+            step()
+            records.append(mgr.save(trainer.step, trainer.snapshot_state, log_state=trainer.log_state))
+            mgr.wait()
+        live = state_digest(trainer)
+        out["snapshots"] = [r.to_dict() for r in records]
+        out["restores"] = []
+        for j, record in enumerate(records):
+            t0 = time.perf_counter()
+            info = verify(mgr.root, record.name)  # the whole chain's files, hashed
+            verify_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            trainer.restore_snapshot(info, rank_entries=True)
+            out["restores"].append({"logs": j, "verify_s": verify_s, "restore_s": time.perf_counter() - t0})
+        out["replay_bitwise"] = state_digest(trainer) == live
+    finally:
+        trainer.snapshots = xor
+        mgr.close()
+    return out
+
+
+def state_digest(trainer) -> str:
+    """sha256 of every weight and optimizer-state tensor (the bit-for-bit check of a replay)."""
+    import torch
+
+    from workers.training.checkpoint.storage import tensor_bytes
+
+    sha = hashlib.sha256()
+    state = trainer.snapshot_state(rank_entries=False)
+    for part in ("model", "optimizer"):
+        for key in sorted(state[part]):
+            value = state[part][key]
+            if isinstance(value, torch.Tensor):
+                sha.update(key.encode())
+                sha.update(tensor_bytes(value.detach().cpu().contiguous()))
+    return sha.hexdigest()
 
 
 def _tensors(obj):
@@ -344,12 +393,29 @@ def report(r: dict) -> str:
             f"  delta {d['k']:>2} step(s) after its base (XOR+zstd)    {d['bytes_written'] / MB:9,.1f} MB   "
             f"({full_bytes / d['bytes_written']:.2f}x smaller than the full one; goal >= 2x)"
         )
-    g = r["gradient_zstd_bytes"]
+    log = r["log"]
+    log_full = log["snapshots"][0]["bytes_written"]
+    for j, d in enumerate(log["snapshots"][1:], 1):
+        label = f"log {j} of a chain (1 step's gradients, zstd)"
+        lines.append(
+            f"  {label:<47}{d['bytes_written'] / MB:9,.1f} MB   "
+            f"({log_full / d['bytes_written']:.2f}x smaller than the full one; goal >= 2x)"
+        )
+    logs = log["snapshots"][1:]
+    stall, copy = (statistics.median(x[k] for x in logs) * 1000 for k in ("stall_s", "record_s"))
+    write = statistics.median(x["write_s"] for x in logs)
+    restores = []
+    for x in log["restores"]:
+        what = "full alone" if x["logs"] == 0 else f"+ {x['logs']} log(s)"
+        restores.append(f"{what} {x['verify_s'] + x['restore_s']:.1f} s (verify {x['verify_s']:.1f})")
     lines += [
-        f"  one step's gradients, zstd (for comparison)    {g / MB:9,.1f} MB   "
-        f"({full_bytes / g:.2f}x smaller than the full one)",
-        "    a delta logging the optimizer's inputs (replayed on the base) would hold k of these: not built"
-        " yet, see docs/elastic.md",
+        "",
+        "log snapshots (snapshot_delta: log, a snapshot after every step)",
+        f"  training-thread stall of a log {stall:.0f} ms (the gradient copy {copy:.0f} ms of it), median of"
+        f" {len(logs)}; written in {write:.1f} s in the background; buffers touched in {log['prepare_s']:.2f} s",
+        "  restore (verify the chain, load the full one, replay each log's step): " + "; ".join(restores),
+        f"  the state rebuilt from the full snapshot + {len(restores) - 1} logs equals the live one bit for bit: "
+        + ("yes" if log["replay_bitwise"] else "NO"),
     ]
     return "\n".join(lines)
 
@@ -363,6 +429,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--k", type=int, nargs="+", default=[1, 4], help="delta taken k steps after its base")
+    parser.add_argument(
+        "--logs", type=int, default=3, help="log snapshots (one step each) after their full one"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dir", default=None, help="scratch directory (default: the system temp dir)")
     parser.add_argument(

@@ -19,17 +19,23 @@ def config(**extra) -> JobConfig:
 def test_snapshots_are_off_by_default():
     cfg = config()
     assert (cfg.snapshot_every, cfg.resume, cfg.snapshot_dir) == (0, False, None)
-    assert (cfg.snapshot_full_every, cfg.snapshot_keep) == (4, 3)
+    assert (cfg.snapshot_full_every, cfg.snapshot_keep, cfg.snapshot_delta) == (4, 3, "xor")
 
 
 def test_snapshot_settings_round_trip_through_the_job_file(tmp_path):
     cfg = config(
-        snapshot_every=5, snapshot_dir=str(tmp_path), snapshot_full_every=2, snapshot_keep=4, resume=True
+        snapshot_every=3,
+        snapshot_dir=str(tmp_path),
+        snapshot_full_every=2,
+        snapshot_keep=4,
+        resume=True,
+        snapshot_delta="log",
     )
     cfg.save(tmp_path / "job.json")
     again = JobConfig.load(tmp_path / "job.json")
+    assert again.snapshot_delta == "log"
     assert (again.snapshot_every, again.snapshot_dir, again.snapshot_full_every, again.snapshot_keep) == (
-        5,
+        3,
         str(tmp_path),
         2,
         4,
@@ -47,6 +53,13 @@ def test_snapshot_settings_round_trip_through_the_job_file(tmp_path):
         ({"snapshot_keep": 0}, "config.snapshot_keep", ">= 1"),
         ({"resume": "yes", "snapshot_dir": "x"}, "resume", "true or false"),
         ({"snapshot_dir": 3}, "snapshot_dir", "must be a path"),
+        ({"snapshot_delta": "zstd"}, "snapshot_delta", "must be one of xor, log, got 'zstd'"),
+        # a log holds one gradient per step since the previous snapshot: more than a full one beyond 3
+        (
+            {"snapshot_delta": "log", "snapshot_every": 4, "snapshot_dir": "x"},
+            "snapshot_every",
+            "must be at most 3 with snapshot_delta log, got 4",
+        ),
     ],
 )
 def test_bad_snapshot_settings_name_the_field(extra, field, message):
@@ -87,6 +100,7 @@ def test_train_flags_set_the_snapshot_fields(tmp_path):
         True,
     )
     assert build_job_config(parse([])).snapshot_every == 0
+    assert build_job_config(parse(["--snapshot-delta", "log"])).snapshot_delta == "log"
 
 
 def test_resume_flag_without_a_directory_is_invalid_input():

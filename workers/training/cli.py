@@ -40,6 +40,12 @@ def register(subparsers) -> None:
     snap.add_argument(
         "--snapshot-full-every", type=int, help="a full snapshot every M, deltas in between (default 4)"
     )
+    snap.add_argument(
+        "--snapshot-delta",
+        choices=["xor", "log"],
+        help="between full snapshots: XOR deltas of the state (default) or logs of the gradients, replayed"
+        " on restore (for snapshots every 1-3 steps)",
+    )
     snap.add_argument("--snapshot-keep", type=int, help="snapshots to keep (default 3)")
     snap.add_argument(
         "--snapshot-memory-every",
@@ -110,6 +116,7 @@ def build_job_config(args: argparse.Namespace):
         "snapshot_every",
         "snapshot_dir",
         "snapshot_full_every",
+        "snapshot_delta",
         "snapshot_keep",
         "snapshot_memory_every",
     ):
@@ -203,10 +210,11 @@ def format_summary(s: dict) -> str:
     if s.get("snapshots"):
         snaps = s["snapshots"]
         full = [r["bytes_written"] for r in snaps if r["kind"] == "full" and r["bytes_written"]]
-        delta = [r["bytes_written"] for r in snaps if r["kind"] == "delta" and r["bytes_written"]]
         sizes = f"full {max(full) / 1e6:.2f} MB" if full else ""
-        if delta:
-            sizes += f", delta {sorted(delta)[len(delta) // 2] / 1e6:.2f} MB (median)"
+        for kind in ("delta", "log"):
+            sized = sorted(r["bytes_written"] for r in snaps if r["kind"] == kind and r["bytes_written"])
+            if sized:
+                sizes += f", {kind} {sized[len(sized) // 2] / 1e6:.2f} MB (median)"
         rows.append(
             f"  snapshots     {len(snaps)} ({sizes}), stall {s['snapshot_stall_s_median'] * 1000:.1f} ms median"
         )

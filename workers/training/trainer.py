@@ -5,7 +5,10 @@ Snapshots (``snapshot_every``, ``resume``): :meth:`Trainer.snapshot_state` is ev
 bit for bit, in the layout this rank holds it (model and optimizer through DCP's ``get_state_dict``, so
 FSDP2/TP DTensors stay sharded; step, data position and LR schedule; this rank's RNG streams and comm-hook
 residuals), and :meth:`Trainer.restore_state` puts it back; ``workers.training.checkpoint`` stages, writes,
-verifies and reshards it. :meth:`Trainer.state_dict` is the same state for an in-memory copy."""
+verifies and reshards it. With ``snapshot_delta: log`` the snapshots between full ones are logs: each step's
+gradients, as ``optimizer.step()`` consumed them, are copied (``record_gradients``), a log holds them plus
+:meth:`Trainer.log_state`, and a resume replays them on the chain's full snapshot. :meth:`Trainer.state_dict`
+is the same state for an in-memory copy."""
 
 from __future__ import annotations
 
@@ -21,7 +24,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -29,7 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 from workers.reliability.progress import ProgressWriter, process_start_unix, restart_count
 from workers.training import device as device_mod
 from workers.training import system_metrics
-from workers.training.checkpoint import SnapshotManager, SnapshotRecord
+from workers.training.checkpoint import SnapshotInfo, SnapshotManager, SnapshotRecord
+from workers.training.checkpoint.gradlog import group_hyper, replay
 from workers.training.checkpoint.memory import MemorySnapshots
 from workers.training.checkpoint.state import (
     capture_rng,
@@ -60,6 +70,8 @@ LOG_EVERY_S = 2.0
 SNAPSHOT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 """Optimizer state keyed ``state.<fqn>.<name>`` / ``param_groups.<fqn>.<name>``: pipeline stages' entries
 never collide, and a snapshot loads on another layout by parameter name."""
+BUFFERS_OPTIONS = StateDictOptions(strict=False)
+"""Putting back a log's model entries: its buffers only (the parameters come from the replay)."""
 SNAPSHOT_GROUP_TIMEOUT = timedelta(minutes=10)
 """Timeout of the snapshot process group's collectives (planning, the final gather of write results)."""
 
@@ -78,7 +90,8 @@ class StepResult:
     """This rank's DDP comm-hook figures of the step (``comm_s_total``, ``comm_s_exposed``, ``comm_bytes``)
     when a hook is active."""
     snapshot_stall_s: float | None = None
-    """Training-thread seconds a snapshot taken after this step cost (staging), not in ``step_time_s``."""
+    """Training-thread seconds snapshots cost at this step (staging after it; with log snapshots, the copy
+    of the gradients it consumed), not in ``step_time_s``."""
 
 
 def lr_at(step: int, cfg: JobConfig) -> float:
@@ -175,6 +188,8 @@ class Trainer:
         self.history: list[StepResult] = []
         self._state_module = state_module(self.pm.raw_parts)
         self._expert_fqns, self._expert_suffix = self._per_rank_chunks()
+        self._param_fqns, self._log_params = self._parameter_keys()
+        self._group_of = {id(p): i for i, g in enumerate(self.optimizer.param_groups) for p in g["params"]}
         self.resumed: dict | None = None
         """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
         self.snapshot_prepare_s = 0.0
@@ -195,6 +210,7 @@ class Trainer:
                 layout=self.layout(),
                 log=self._print,
                 fresh=not self.resuming,
+                delta=cfg.snapshot_delta,
             )
         self.memory: MemorySnapshots | None = None
         """The in-memory tier (``snapshot_memory_every``): this rank's newest state in the node's RAM."""
@@ -314,12 +330,15 @@ class Trainer:
             for p in pm.parameters():
                 if p.grad is not None:
                     p.grad.mul_(coef)
+        recorded_s = self._record_gradients() if self.snapshots is not None else 0.0
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._update_expert_bias(global_loads)
         self.step += 1
 
         result = StepResult(self.step, loss, grad_norm, 0.0, lr, comm=comm)
+        if recorded_s:
+            result.snapshot_stall_s = recorded_s
         if self.moe_layer_ids:
             share = global_loads / global_loads.sum(dim=1, keepdim=True).clamp(min=1)
             result.expert_load = [round(v, 5) for v in share.mean(0).tolist()]
@@ -403,7 +422,8 @@ class Trainer:
                     self._profiled_step(inputs, labels) if profile_now else self.train_step(inputs, labels)
                 )
                 device_mod.synchronize(self.device.type)
-                result.step_time_s = time.perf_counter() - t0
+                # a log snapshot's gradient copy inside the step is snapshot stall, not training
+                result.step_time_s = time.perf_counter() - t0 - (result.snapshot_stall_s or 0.0)
                 result.profiled = bool(profile_now)
                 self.history.append(result)
                 if self.snapshots is not None:
@@ -647,6 +667,36 @@ class Trainer:
         }
         return fqns, f"@ep{self.pm.coords['ep']}of{ep}"
 
+    def _parameter_keys(self) -> tuple[set[str], list[tuple[str, torch.Tensor]]]:
+        """This rank's parameters by the names snapshots give them (``get_state_dict``'s, experts with their
+        EP suffix): the fqns, and ``(key, parameter)`` pairs, the names of a log's gradients."""
+        fqns, params = set(), []
+        for name, p in self._state_module.named_parameters():
+            fqn = name.replace("_checkpoint_wrapped_module.", "")
+            fqns.add(fqn)
+            params.append((fqn + self._expert_suffix if fqn in self._expert_fqns else fqn, p))
+        return fqns, params
+
+    def logged_parameters(self) -> dict[str, torch.Tensor]:
+        """``{key: parameter}`` of this rank under the names a log snapshot gives their gradients (the shapes
+        its gradient buffers are prepared for)."""
+        return dict(self._log_params)
+
+    def _record_gradients(self) -> float:
+        """Between clipping and ``optimizer.step()``: when the next snapshot is a log, copy the gradients
+        the step is about to consume, with each parameter's param-group hyper-parameters. Seconds taken."""
+        if not self.snapshots.wants_gradients:
+            return 0.0
+        t0 = time.perf_counter()
+        hyper = [group_hyper(g) for g in self.optimizer.param_groups]
+        grads, meta = {}, {}
+        for key, p in self._log_params:
+            meta[key] = {"grad": p.grad is not None, "hyper": hyper[self._group_of[id(p)]]}
+            if p.grad is not None:
+                grads[key] = p.grad
+        self.snapshots.record_gradients(self.step + 1, grads, meta)
+        return time.perf_counter() - t0
+
     def _rank_prefix(self) -> str:
         return f"rank{self.rank}/"
 
@@ -659,10 +709,29 @@ class Trainer:
         (copy) before training goes on. Before the first step this initialises the optimizer state
         (DCP's ``get_state_dict`` runs a zero-lr step), so call it for saving only after a step."""
         model, optimizer = get_state_dict(self._state_module, self.optimizer, options=SNAPSHOT_OPTIONS)
-        cfg = self.cfg
-        state: dict = {
+        return {
             "model": suffix_keys(model, self._expert_fqns, self._expert_suffix),
             "optimizer": suffix_keys(optimizer, self._expert_fqns, self._expert_suffix),
+            **self._progress_state(rank_entries),
+        }
+
+    def log_state(self, *, rank_entries: bool = True) -> dict:
+        """What a log snapshot holds besides its gradients: everything of :meth:`snapshot_state` that is not
+        a parameter or optimizer state -- the model's buffers (MoE balancing biases), ``progress`` and this
+        rank's entries -- the live tensors, like :meth:`snapshot_state`."""
+        model = get_model_state_dict(self._state_module, options=SNAPSHOT_OPTIONS)
+        unnamed = self._param_fqns - model.keys()
+        if unnamed:  # the log's gradient names must be the snapshot's parameter names
+            raise RuntimeError(f"parameters missing from the model state dict: {sorted(unnamed)[:3]}")
+        buffers = {k: v for k, v in model.items() if k not in self._param_fqns}
+        return {
+            "model": suffix_keys(buffers, self._expert_fqns, self._expert_suffix),
+            **self._progress_state(rank_entries),
+        }
+
+    def _progress_state(self, rank_entries: bool) -> dict:
+        cfg = self.cfg
+        state: dict = {
             "progress": {
                 "step": self.step,
                 "data": self.loader.state_dict(),
@@ -683,19 +752,23 @@ class Trainer:
         return state
 
     def restore_state(self, state: dict) -> list[str]:
-        """Put a state of :meth:`snapshot_state`'s shape (loaded into this run's own) back in place. Without
-        this rank's entries (the snapshot came from another layout) RNG streams stay as seeded and comm-hook
-        residuals start from zero. Returns notes on what differed, for the log."""
+        """Put a state of :meth:`snapshot_state`'s shape (loaded into this run's own) back in place -- or of
+        :meth:`log_state`'s (after a replay: buffers, progress, this rank's entries). Without this rank's
+        entries (the snapshot came from another layout) RNG streams stay as seeded and comm-hook residuals
+        start from zero. Returns notes on what differed, for the log."""
         notes = []
         model = unsuffix_keys(state["model"], self._expert_fqns, self._expert_suffix)
-        optimizer = unsuffix_keys(state["optimizer"], self._expert_fqns, self._expert_suffix)
-        set_state_dict(
-            self._state_module,
-            self.optimizer,
-            model_state_dict=model,
-            optim_state_dict=optimizer,
-            options=SNAPSHOT_OPTIONS,
-        )
+        if "optimizer" in state:
+            optimizer = unsuffix_keys(state["optimizer"], self._expert_fqns, self._expert_suffix)
+            set_state_dict(
+                self._state_module,
+                self.optimizer,
+                model_state_dict=model,
+                optim_state_dict=optimizer,
+                options=SNAPSHOT_OPTIONS,
+            )
+        else:
+            set_model_state_dict(self._state_module, model, options=BUFFERS_OPTIONS)
         progress = state["progress"]
         saved_order = progress.get("data_order")
         if saved_order is not None and saved_order != self._data_order():
@@ -750,10 +823,7 @@ class Trainer:
             )
         else:
             same_layout = info.manifest.get("layout") == self.layout()
-            target = self.snapshot_state(rank_entries=False)
-            prefixes = (self._rank_prefix(),) if same_layout else ()
-            self.snapshots.load(info, target, extra_prefixes=prefixes)
-            notes = self.restore_state(target)
+            notes, chain = self.restore_snapshot(info, rank_entries=same_layout)
             taken_on = info.manifest.get("layout") or {}
             if taken_on.get("world_size") not in (None, self.world_size) and taken_on.get("strategy"):
                 self._log_scaling(taken_on["strategy"])
@@ -767,18 +837,45 @@ class Trainer:
                     "notes": notes,
                 }
             )
+            if len(chain) > 1:
+                out["chain"] = [link.name for link in chain]
+                out["replayed_steps"] = self.step - chain[0].step
             layout = (
                 ""
                 if same_layout
                 else f" (taken on {info.manifest['layout']['world_size']} rank(s), resharded)"
             )
+            how = (
+                f"log: {chain[0].name} + {len(chain) - 1} log(s), {self.step - chain[0].step} step(s) replayed"
+                if len(chain) > 1
+                else info.kind
+            )
             self._print(
-                f"resume: continuing from {info.name} ({info.kind}) at step {self.step}{layout} "
+                f"resume: continuing from {info.name} ({how}) at step {self.step}{layout} "
                 f"in {time.perf_counter() - t0:.2f} s" + "".join(f"; {n}" for n in notes)
             )
         out["seconds"] = round(time.perf_counter() - t0, 4)
         self.resumed = out
         return out
+
+    def restore_snapshot(self, info: SnapshotInfo, *, rank_entries: bool) -> tuple[list[str], list]:
+        """Load verified snapshot ``info`` into the live model and optimizer (any layout: DCP reshards), with
+        this rank's own entries when ``rank_entries`` (the snapshot's layout is this run's). A log is rebuilt
+        from its chain: the full snapshot, then each log's gradients replayed through ``optimizer.step()``,
+        then the last log's buffers, progress and rank entries. Returns the notes and the chain."""
+        assert self.snapshots is not None
+        chain = self.snapshots.chain(info)
+        prefixes = (self._rank_prefix(),) if rank_entries else ()
+        target = self.snapshot_state(rank_entries=False)
+        self.snapshots.load(chain[0], target, extra_prefixes=prefixes if len(chain) == 1 else ())
+        notes = self.restore_state(target)
+        if len(chain) == 1:
+            return notes, chain
+        for log in chain[1:]:
+            replay(self.snapshots, log, self._log_params, self.optimizer)
+        target = self.log_state(rank_entries=False)
+        self.snapshots.load(info, target, extra_prefixes=prefixes)
+        return self.restore_state(target), chain
 
     def _log_scaling(self, before_strategy: dict) -> None:
         """The run continues on another number of ranks than the snapshot's: say so, with the planner's
@@ -849,14 +946,21 @@ class Trainer:
             return
         if not self.snapshots.records and not self.snapshot_prepare_s:
             state = self.snapshot_state()
-            self.snapshot_prepare_s = self.snapshots.prepare(state)  # one-off, also reported apart
+            like = self.logged_parameters() if self.snapshots.delta == "log" else None
+            self.snapshot_prepare_s = self.snapshots.prepare(state, like)  # one-off, also reported apart
             prepared = self.snapshot_prepare_s  # the training thread waited for it: badput for goodput
         else:
             prepared = 0.0
         record: SnapshotRecord = self.snapshots.save(
-            self.step, self.snapshot_state, info={"loss": result.loss, "attempt": self.attempt}
+            self.step,
+            self.snapshot_state,
+            info={"loss": result.loss, "attempt": self.attempt},
+            log_state=self.log_state,
         )
-        result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s + prepared
+        # a log's gradient copies were counted at the steps that paid for them (train_step)
+        result.snapshot_stall_s = (
+            (result.snapshot_stall_s or 0.0) + record.stall_s - record.record_s + prepared
+        )
 
     def _snapshot_summary(self) -> dict:
         records = self.snapshots.records if self.snapshots is not None else []

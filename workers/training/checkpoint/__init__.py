@@ -5,6 +5,7 @@
 - :mod:`.storage`  the on-disk format (DCP ``StorageWriter``/``StorageReader``), manifest, verification,
   retention, the newest good snapshot.
 - :mod:`.codec`    byte-shuffled zstd frames; XOR deltas against the base.
+- :mod:`.gradlog`  log snapshots: the gradients each optimizer step consumed, replayed on the base.
 - :mod:`.state`    RNG streams, comm-hook state, pipeline-stage views, per-rank key names.
 
 Pure engine: plain Python, torch, numpy and zstandard (no Django, no Celery). docs/elastic.md has the

@@ -3,9 +3,12 @@
 ``save(step, state)`` stages the state into CPU buffers (the only part the training loop waits for) and
 hands it to ``torch.distributed.checkpoint.async_save``, whose background thread plans the write over the
 manager's own gloo process group and writes it with :class:`~.storage.SnapshotWriter`. Every
-``full_every``-th snapshot is a full one; in between, deltas against the last full one (its staged CPU
-buffers are kept as the base, so a delta never reads the disk). Two buffer sets alternate: the base, and
-the one being staged into; after warm-up nothing is allocated per snapshot.
+``full_every``-th snapshot is a full one; in between, with ``delta="xor"``, deltas against the last full one
+(its staged CPU buffers are kept as the base, so a delta never reads the disk; two buffer sets alternate:
+the base, and the one being staged into; after warm-up nothing is allocated per snapshot), or with
+``delta="log"``, logs of the gradients the optimizer consumed since the previous snapshot
+(:mod:`.gradlog`: the trainer hands each step's gradients to ``record_gradients`` while ``wants_gradients``,
+and the restore replays them on the chain's full snapshot).
 
 ``restore(target, ...)`` finds the newest snapshot that verifies (rank 0 checks, then tells the others),
 and loads it into ``target`` through :class:`~.storage.SnapshotReader` -- DCP reshards when the layout
@@ -34,15 +37,21 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorSt
 from torch.distributed.checkpoint.staging import AsyncStager
 
 from workers.training.checkpoint import storage
+from workers.training.checkpoint.gradlog import GradientLog
 from workers.training.checkpoint.storage import (
     CorruptSnapshot,
     DeltaBase,
+    LogBase,
     Skipped,
     SnapshotInfo,
     SnapshotReader,
     SnapshotWriter,
     snapshot_name,
 )
+
+DELTA_KINDS = ("xor", "log")
+"""How the snapshots between two full ones are taken: XOR deltas of the whole state against the last full
+one, or logs of the optimizer's inputs replayed on the previous snapshot (docs/elastic.md)."""
 
 
 @dataclass
@@ -53,10 +62,16 @@ class SnapshotRecord:
     name: str
     step: int
     kind: str
-    """``full`` or ``delta`` (as planned; the manifest says ``full`` if no item found its base)."""
+    """``full``, ``delta`` or ``log`` (as planned; the manifest says ``full`` if no item of a delta found its
+    base)."""
     stall_s: float
-    """Training-thread time: waiting for the previous write (``wait_s``) + building the state dict + staging."""
+    """Training-thread time: waiting for the previous write (``wait_s``) + building the state dict + staging,
+    and for a log the gradient copies of its steps (``record_s``)."""
     wait_s: float = 0.0
+    record_s: float = 0.0
+    """A log: the part of ``stall_s`` spent copying each logged step's gradients (paid during those steps)."""
+    log_steps: list[int] | None = None
+    """A log: the optimizer steps whose gradients it holds."""
     base: str | None = None
     write_s: float | None = None
     """Background time from hand-over to published (planning, encoding, fsync, rename, retention)."""
@@ -67,6 +82,21 @@ class SnapshotRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class _Prestaged(AsyncStager):
+    """A log's state is staged before ``async_save`` (its gradients were copied step by step): pass it on."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict: dict) -> dict:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 class BufferStager(AsyncStager):
@@ -106,6 +136,27 @@ class _Base:
     items: dict
 
 
+@dataclass
+class _Link:
+    """The last snapshot published (``delta="log"``): the next log's base."""
+
+    name: str
+    step: int
+    manifest_sha256: str | None
+    """Known on the coordinator only (it writes the manifests)."""
+
+
+@dataclass
+class _Write:
+    future: Future
+    record: SnapshotRecord
+    writer: SnapshotWriter
+    staged: dict
+    handed_over: float
+    gradients: list = field(default_factory=list)
+    """A log: the gradient buffer sets it holds (back to the log once written)."""
+
+
 class SnapshotManager:
     """Asynchronous, incremental, verified snapshots of one rank's training state under ``root``.
 
@@ -113,7 +164,8 @@ class SnapshotManager:
     writes are collective over ``process_group``: give it a group of its own, e.g.
     ``dist.new_group(backend="gloo")``, so snapshot traffic never queues behind training collectives).
     ``fresh``: this run starts from scratch, so ``root`` must hold no snapshots (of another run, whose
-    newer steps retention would keep in place of this run's).
+    newer steps retention would keep in place of this run's). ``delta``: ``"xor"`` or ``"log"`` (see the
+    module docstring).
     """
 
     def __init__(
@@ -129,9 +181,13 @@ class SnapshotManager:
         layout: dict | None = None,
         log: Callable[[str], None] | None = None,
         fresh: bool = False,
+        delta: str = "xor",
     ):
         if full_every < 1 or keep < 1:
             raise ValueError(f"full_every and keep must be >= 1, got {full_every}, {keep}")
+        if delta not in DELTA_KINDS:
+            raise ValueError(f"delta must be one of {', '.join(DELTA_KINDS)}, got {delta!r}")
+        self.delta = delta
         self.root = Path(root)
         self.rank, self.world_size, self.group = rank, world_size, process_group
         self.full_every, self.keep, self.zstd_level = full_every, keep, zstd_level
@@ -143,7 +199,12 @@ class SnapshotManager:
         self._free: list[dict] = []
         """Staging buffer sets not in use (the base's set is held by ``_base``)."""
         self._count = 0
-        self._pending: tuple[Future, SnapshotRecord, SnapshotWriter, dict, float] | None = None
+        self._pending: _Write | None = None
+        self.gradients: GradientLog | None = GradientLog() if delta == "log" else None
+        """``delta="log"``: the gradients recorded since the previous snapshot."""
+        self._last: _Link | None = None
+        self._log_stager = BufferStager()
+        """Stages a log's state besides its gradients (step, data position, RNG, buffers: small)."""
         existing: list[Any] = [None]
         if rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -165,34 +226,75 @@ class SnapshotManager:
 
     # ------------------------------------------------------------------------------------------ saving
 
-    def prepare(self, state_dict: dict) -> float:
+    def prepare(self, state_dict: dict, gradients: dict | None = None) -> float:
         """Allocate and touch both CPU buffer sets now (start-up time) instead of at the first two
-        snapshots (a first copy into fresh memory runs ~4x slower than into touched pages). Seconds taken."""
+        snapshots (a first copy into fresh memory runs ~4x slower than into touched pages). ``gradients``
+        (``delta="log"``): tensors shaped like the gradients to log (the parameters): two sets for their
+        copies too (a log being written, and the next one being recorded). Seconds taken."""
         t0 = time.perf_counter()
-        while len(self._free) < (2 if self.full_every > 1 else 1):
+        if self.gradients is not None and gradients is not None:
+            self.gradients.prepare(gradients)
+        # XOR deltas need the last full snapshot's buffers beside the ones staged into; logs do not
+        while len(self._free) < (2 if self.full_every > 1 and self.delta == "xor" else 1):
             buffers = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
             self._free.append(_copy_state_dict(state_dict, buffers))
         return time.perf_counter() - t0
 
     def next_kind(self) -> str:
+        if self.delta == "log":
+            return "full" if self._last is None or self._count % self.full_every == 0 else "log"
         return "full" if self._base is None or self._count % self.full_every == 0 else "delta"
 
+    @property
+    def wants_gradients(self) -> bool:
+        """``delta="log"`` and the next snapshot is planned as a log: hand every optimizer step's gradients
+        to :meth:`record_gradients` until then (a write that fails makes it a full one, and they are dropped)."""
+        return self.delta == "log" and self._count % self.full_every != 0
+
+    def record_gradients(self, step: int, grads: dict, meta: dict) -> float:
+        """Copy the gradients optimizer step ``step`` is about to consume (see :class:`GradientLog`);
+        seconds taken. Call between clipping and ``optimizer.step()``, while :attr:`wants_gradients`."""
+        assert self.gradients is not None, "record_gradients needs delta='log'"
+        return self.gradients.record(step, grads, meta)
+
     def save(
-        self, step: int, state_dict: dict | Callable[[], dict], *, info: dict | None = None
+        self,
+        step: int,
+        state_dict: dict | Callable[[], dict],
+        *,
+        info: dict | None = None,
+        log_state: dict | Callable[[], dict] | None = None,
     ) -> SnapshotRecord:
         """Snapshot ``state_dict`` (or what the callable returns, timed as part of the stall) at ``step``.
-        Returns once the state is staged; the write goes on in the background."""
+        Returns once the state is staged; the write goes on in the background. ``log_state``
+        (``delta="log"``): the state of a log besides its gradients -- everything of ``state_dict`` that is
+        not parameters or optimizer state -- built only when this snapshot is a log."""
         t0 = time.perf_counter()
         self._finish_pending()
         waited = time.perf_counter() - t0
-        state = state_dict() if callable(state_dict) else state_dict
         kind = self.next_kind()
         name = snapshot_name(step)
+        if kind == "log":
+            assert self._last is not None and self.gradients is not None
+            if log_state is None:
+                raise ValueError(f"snapshot {name} is a log: save() needs log_state")
+            needed = list(range(self._last.step + 1, step + 1))
+            if self.gradients.steps != needed:
+                self.log(
+                    f"snapshot {name}: full instead of a log: gradients recorded for steps "
+                    f"{self.gradients.steps}, a log on {self._last.name} needs {needed}"
+                )
+                kind, self._count = "full", 0
+            else:
+                return self._save_log(step, name, log_state, info, t0, waited)
+        recorded_s = self.gradients.discard() if self.gradients is not None else 0.0
+        state = state_dict() if callable(state_dict) else state_dict
         base = None
         if kind == "delta":
             assert self._base is not None
             base = DeltaBase(self._base.name, self._base.manifest_sha256, self._base.items)
-        record_items: dict | None = {} if kind == "full" else None
+        # a full snapshot's raw bytes are the next XOR deltas' base (logs need no base in memory)
+        record_items: dict | None = {} if kind == "full" and self.delta == "xor" else None
         writer = SnapshotWriter(
             self.root,
             name,
@@ -213,51 +315,94 @@ class SnapshotManager:
             name,
             step,
             kind,
-            stall_s=time.perf_counter() - t0,
+            stall_s=time.perf_counter() - t0 + recorded_s,
             wait_s=waited,
             base=base.name if base else None,
+            record_s=recorded_s,
         )
         self.records.append(record)
-        self._pending = (future, record, writer, staged, time.perf_counter())
+        self._pending = _Write(future, record, writer, staged, time.perf_counter())
+        self._count += 1
+        return record
+
+    def _save_log(self, step, name, log_state, info, t0, waited) -> SnapshotRecord:
+        assert self._last is not None and self.gradients is not None
+        state = log_state() if callable(log_state) else log_state
+        steps = tuple(self.gradients.steps)
+        part, held, recorded_s = self.gradients.take()
+        staged = {**self._log_stager.stage(state), **part}  # the gradients are copies already
+        writer = SnapshotWriter(
+            self.root,
+            name,
+            step=step,
+            log=LogBase(self._last.name, self._last.manifest_sha256, steps),
+            layout=self.layout,
+            info=info,
+            zstd_level=self.zstd_level,
+            retention=self.keep,
+        )
+        future = dcp.async_save(
+            staged, storage_writer=writer, process_group=self.group, async_stager=_Prestaged()
+        )
+        record = SnapshotRecord(
+            name,
+            step,
+            "log",
+            stall_s=time.perf_counter() - t0 + recorded_s,
+            wait_s=waited,
+            base=self._last.name,
+            record_s=recorded_s,
+            log_steps=list(steps),
+        )
+        self.records.append(record)
+        self._pending = _Write(future, record, writer, staged, time.perf_counter(), held)
         self._count += 1
         return record
 
     @property
     def in_flight(self) -> bool:
         """A background write has not finished (a process exiting now would wait for its thread)."""
-        return self._pending is not None and not self._pending[0].done()
+        return self._pending is not None and not self._pending.future.done()
 
     def poll(self) -> SnapshotRecord | None:
         """Complete the bookkeeping of a finished background write, if there is one (never blocks)."""
-        if self._pending is not None and self._pending[0].done():
+        if self._pending is not None and self._pending.future.done():
             return self._finish_pending()
         return None
 
     def _finish_pending(self) -> SnapshotRecord | None:
         if self._pending is None:
             return None
-        future, record, writer, staged, handed_over = self._pending
-        self._pending = None
+        w, self._pending = self._pending, None
+        record, writer = w.record, w.writer
+        if self.gradients is not None:
+            self.gradients.release(w.gradients)
         try:
-            future.result()
+            w.future.result()
         except (Exception, CheckpointException) as exc:  # a failed snapshot must not stop training
             record.error = f"{type(exc).__name__}: {exc}"[:2000]
-            self._free.append(staged)
-            if record.kind == "full":
-                self._count = 0
+            if record.kind != "log":
+                self._free.append(w.staged)
+            if record.kind == "full" or self.delta == "log":
+                # a log continues the snapshot just before it: after a failed one, start over with a full
+                self._count, self._last = 0, None
             self.log(f"snapshot {record.name} failed: {record.error}")
             return record
-        record.write_s = time.perf_counter() - handed_over
+        record.write_s = time.perf_counter() - w.handed_over
         if writer.manifest is not None:
             record.bytes_written = writer.manifest["bytes_written"]
             record.raw_bytes = writer.manifest["raw_bytes"]
             record.removed = writer.removed
-        if record.kind == "full":
+        if self.delta == "log":
+            self._last = _Link(record.name, record.step, writer.manifest_sha256)
+            if record.kind == "full":
+                self._free.append(w.staged)
+        elif record.kind == "full":
             if self._base is not None:
                 self._free.append(self._base.buffers)
-            self._base = _Base(record.name, writer.manifest_sha256, staged, writer.record_items or {})
+            self._base = _Base(record.name, writer.manifest_sha256, w.staged, writer.record_items or {})
         else:
-            self._free.append(staged)
+            self._free.append(w.staged)
         if self.rank == 0:
             self.log(self.describe(record))
         return record
@@ -267,8 +412,9 @@ class SnapshotManager:
         size = f"{r.bytes_written / 1e6:.2f} MB" if r.bytes_written is not None else "?"
         ratio = f" ({r.raw_bytes / r.bytes_written:.2f}x)" if r.bytes_written and r.raw_bytes else ""
         base = f" against {r.base}" if r.base else ""
+        what = f"log of {len(r.log_steps)} step(s) on {r.base}" if r.log_steps else f"{r.kind}{base}"
         return (
-            f"snapshot {r.name}: {r.kind}{base}, {size}{ratio}, training stalled {r.stall_s * 1000:.1f} ms, "
+            f"snapshot {r.name}: {what}, {size}{ratio}, training stalled {r.stall_s * 1000:.1f} ms, "
             f"written in {r.write_s or 0:.2f} s in the background"
         )
 
@@ -282,7 +428,10 @@ class SnapshotManager:
         destroyed with the others at teardown, not later during interpreter shutdown)."""
         self.wait()
         self._stager.close()
-        self._base = None
+        self._log_stager.close()
+        if self.gradients is not None:
+            self.gradients.clear()
+        self._base = self._last = None
         self._free.clear()
         self.group = None
 
@@ -317,6 +466,11 @@ class SnapshotManager:
         if isinstance(found[0], CorruptSnapshot):
             raise CorruptSnapshot(f"snapshot {exactly}: {found[0]}")
         return found[0]
+
+    def chain(self, info: SnapshotInfo) -> list[SnapshotInfo]:
+        """What ``info`` is rebuilt from, oldest first: ``[info]``, or for a log its full snapshot then every
+        log up to it (:func:`~.storage.chain`; ``info`` came from :meth:`latest_good`, which verified it)."""
+        return storage.chain(self.root, info)
 
     def load(self, info: SnapshotInfo, target: dict, *, extra_prefixes: tuple[str, ...] = ()) -> dict:
         """Load snapshot ``info`` into ``target`` in place (DCP: tensors copied into the target's tensors,

@@ -6,6 +6,11 @@ N -> M ranks). Its plans go through a ``StorageWriter`` / ``StorageReader``; our
 as one zstd frame (:mod:`.codec`) -- a full snapshot's frames byte-shuffled, a delta's XORed with the same
 item of its base first -- so DCP keeps the planning and resharding, and the bytes on disk are our own.
 
+Three kinds: ``full`` (the whole state), ``delta`` (the whole state XORed with a full snapshot's) and ``log``
+(the gradients the optimizer consumed at each step since its base, plus the state that is not parameters or
+optimizer state: :mod:`.gradlog` replays them on the base). A log's base is the snapshot just before it, full
+or log: a chain back to a full one, and a log is usable only when its whole chain verifies.
+
 A snapshot is a directory ``<root>/step-00000020/``::
 
     rank00000.bin  rank00001.bin ...   the frames each rank wrote (ranks with nothing to write have none)
@@ -20,7 +25,6 @@ and fsyncs ``<root>``. Anything without a ``manifest.json`` that verifies is not
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import io
@@ -53,6 +57,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from workers.training.checkpoint import codec
 
 FORMAT = "cann-train-snapshot/1"
+KINDS = ("full", "delta", "log")
 MANIFEST = "manifest.json"
 METADATA = "metadata.pkl"
 PARTIAL_SUFFIX = ".partial"
@@ -97,7 +102,12 @@ class FileDigest:
 
 
 class CorruptSnapshot(Exception):
-    """A snapshot that must not be loaded; ``str()`` says why (missing manifest, checksum mismatch...)."""
+    """A snapshot that must not be loaded; ``str()`` says why (missing manifest, checksum mismatch...).
+    ``broken_at``/``cause``: where a chain of bases breaks and why (set when the damage is in a base)."""
+
+    def __init__(self, message: str, *, broken_at: str | None = None, cause: str | None = None):
+        super().__init__(message)
+        self.broken_at, self.cause = broken_at, cause
 
 
 def _item_key(index: MetadataIndex) -> tuple:
@@ -164,11 +174,23 @@ class DeltaBase:
     items: dict[tuple, np.ndarray]
 
 
+@dataclass(frozen=True)
+class LogBase:
+    """The snapshot a log continues (the one just before it): its name and manifest sha256 (known to the
+    coordinator, which writes the manifest), and the optimizer steps the log holds (``base step + 1`` to
+    the log's step)."""
+
+    name: str
+    manifest_sha256: str | None
+    steps: tuple[int, ...]
+
+
 class SnapshotWriter(StorageWriter):
     """Writes one snapshot (see the module docstring). ``base`` given: tensor items this rank also wrote
     into the base (same tensor, same chunk, same size) become delta frames, the others full frames.
     ``record_items``: a dict to fill with the raw bytes of every tensor item written (the next delta's
-    base; the arrays alias the staged tensors, which the caller keeps alive)."""
+    base; the arrays alias the staged tensors, which the caller keeps alive). ``log`` given: the snapshot
+    is a log (every frame full; the manifest names its base and the steps it holds)."""
 
     def __init__(
         self,
@@ -178,6 +200,7 @@ class SnapshotWriter(StorageWriter):
         step: int,
         base: DeltaBase | None = None,
         record_items: dict | None = None,
+        log: LogBase | None = None,
         layout: dict | None = None,
         info: dict | None = None,
         zstd_level: int = 1,
@@ -186,6 +209,9 @@ class SnapshotWriter(StorageWriter):
         super().__init__()
         self.root, self.name, self.step = Path(root), name, step
         self.base, self.record_items = base, record_items
+        if log is not None and base is not None:
+            raise ValueError("a snapshot is a delta or a log, not both")
+        self.log = log
         self.layout, self.info = layout or {}, info or {}
         self.zstd_level = zstd_level
         self.retention = retention
@@ -280,16 +306,18 @@ class SnapshotWriter(StorageWriter):
         _write_durably(self.partial_dir / METADATA, blob)
         files[METADATA] = {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
         refs = list(frames.values())
+        if self.log is not None:
+            kind, base = "log", {"name": self.log.name, "manifest_sha256": self.log.manifest_sha256}
+        elif self.base is not None and any(f.base for f in refs):
+            kind, base = "delta", {"name": self.base.name, "manifest_sha256": self.base.manifest_sha256}
+        else:
+            kind, base = "full", None
         body = {
             "format": FORMAT,
             "name": self.name,
             "step": self.step,
-            "kind": "delta" if any(f.base for f in refs) else "full",
-            "base": (
-                {"name": self.base.name, "manifest_sha256": self.base.manifest_sha256}
-                if self.base is not None and any(f.base for f in refs)
-                else None
-            ),
+            "kind": kind,
+            "base": base,
             "files": files,
             "bytes_written": sum(f["bytes"] for f in files.values()),
             "raw_bytes": sum(f.raw_nbytes for f in refs),
@@ -298,6 +326,8 @@ class SnapshotWriter(StorageWriter):
             "info": self.info,
             "created_unix": round(time.time(), 3),
         }
+        if self.log is not None:
+            body["log_steps"] = list(self.log.steps)
         manifest = {"body": body, "sha256": canonical_sha256(body)}
         _write_durably(self.partial_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
         _fsync_dir(self.partial_dir)
@@ -378,14 +408,19 @@ def read_manifest(root: str | Path, name: str) -> SnapshotInfo:
         raise CorruptSnapshot(f"format {body.get('format')!r}, this reader knows {FORMAT!r}")
     if body.get("name") != name or body.get("step") != step_of(name):
         raise CorruptSnapshot(f"manifest names {body.get('name')!r} step {body.get('step')!r}")
+    if body.get("kind") not in KINDS:
+        raise CorruptSnapshot(f"kind {body.get('kind')!r}, this reader knows {', '.join(KINDS)}")
     base = body.get("base")
+    if body["kind"] != "full" and not base:
+        raise CorruptSnapshot(f"a {body['kind']} snapshot without a base")
     return SnapshotInfo(name, body["step"], body["kind"], base["name"] if base else None, body, doc["sha256"])
 
 
 def verify(root: str | Path, name: str, _checked: dict | None = None) -> SnapshotInfo:
-    """Check ``name`` end to end: manifest checksum, every file's size and sha256, and for a delta its base
-    (verified the same way, and the very manifest the delta was written against). Raises
-    :class:`CorruptSnapshot` saying what is wrong."""
+    """Check ``name`` end to end: manifest checksum, every file's size and sha256, and for a delta or a log
+    its base (verified the same way -- for a log, its whole chain back to a full snapshot -- and the very
+    manifest it was written against; a log must hold exactly the steps after its base's). Raises
+    :class:`CorruptSnapshot` saying what is wrong (where a chain breaks: ``broken_at``, ``cause``)."""
     checked = {} if _checked is None else _checked
     if name in checked:
         result = checked[name]
@@ -404,12 +439,28 @@ def verify(root: str | Path, name: str, _checked: dict | None = None) -> Snapsho
             if sha256_file(path) != meta["sha256"]:
                 raise CorruptSnapshot(f"{file}: sha256 mismatch")
         if info.base is not None:
+            base_step = step_of(info.base)
+            if base_step is None or base_step >= info.step:
+                raise CorruptSnapshot(f"its base {info.base!r} is not an older snapshot")
             try:
                 base = verify(root, info.base, checked)
             except CorruptSnapshot as exc:
-                raise CorruptSnapshot(f"its base {info.base} is unusable: {exc}") from None
+                at, cause = exc.broken_at or info.base, exc.cause or str(exc)
+                where = "" if at == info.base else f"its chain breaks at {at}: "
+                raise CorruptSnapshot(
+                    f"its base {info.base} is unusable: {where}{cause}", broken_at=at, cause=cause
+                ) from None
             if base.manifest_sha256 != info.manifest["base"]["manifest_sha256"]:
-                raise CorruptSnapshot(f"its base {info.base} was replaced after the delta was written")
+                raise CorruptSnapshot(f"its base {info.base} was replaced after the {info.kind} was written")
+            if info.kind == "log":
+                if base.kind not in ("full", "log"):
+                    raise CorruptSnapshot(f"a log's base must be full or a log, {info.base} is a {base.kind}")
+                expected = list(range(base.step + 1, info.step + 1))
+                if info.manifest.get("log_steps") != expected:
+                    raise CorruptSnapshot(
+                        f"it logs steps {info.manifest.get('log_steps')}, its base {info.base} is at step "
+                        f"{base.step}: steps {expected} are needed"
+                    )
     except CorruptSnapshot as exc:
         checked[name] = exc
         raise
@@ -456,17 +507,36 @@ def quarantine(root: str | Path, name: str, suffix: str = CORRUPT_SUFFIX) -> str
     return new
 
 
+def chain(root: str | Path, info: SnapshotInfo) -> list[SnapshotInfo]:
+    """The snapshots a log is rebuilt from, in order: its first base that is not a log (the full snapshot),
+    then every log up to ``info``. ``[info]`` for a full snapshot or a delta. Reads manifests only: call
+    :func:`verify` first."""
+    links = [info]
+    while links[0].kind == "log":
+        base = read_manifest(root, links[0].base)
+        if base.step >= links[0].step:
+            raise CorruptSnapshot(f"{links[0].name}'s base {base.name} is not older than it")
+        links.insert(0, base)
+    return links
+
+
 def apply_retention(root: str | Path, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` snapshots, keeping the base of every kept delta; unreadable
-    snapshots older than the newest kept one go too. Returns the names removed."""
+    """Delete all but the newest ``keep`` snapshots, keeping every snapshot a kept one is rebuilt from (a
+    delta's base; a log's whole chain back to its full snapshot); unreadable snapshots older than the newest
+    kept one go too. Returns the names removed."""
     root = Path(root)
     names = list_snapshots(root)
     kept = set(names[:keep])
     for name in names[:keep]:
-        with contextlib.suppress(CorruptSnapshot):
-            info = read_manifest(root, name)
-            if info.base:
-                kept.add(info.base)
+        seen: set[str] = set()
+        while name and name not in seen:  # a manifest naming itself (or a loop) must not hang retention
+            seen.add(name)
+            try:
+                name = read_manifest(root, name).base
+            except CorruptSnapshot:
+                break
+            if name:
+                kept.add(name)
     removed = []
     for name in names[keep:]:
         if name not in kept:
