@@ -246,8 +246,21 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     snapshot_full_every = serializers.IntegerField(
         min_value=1, max_value=1000, required=False, help_text="a full snapshot every M, deltas in between"
     )
+    snapshot_delta = serializers.ChoiceField(
+        choices=["xor", "log"],
+        required=False,
+        help_text="between full snapshots: XOR deltas of the state (xor), or logs of the gradients the "
+        "optimizer consumed, replayed on restore (log: ~3x smaller, for snapshot_every 1-3)",
+    )
     snapshot_keep = serializers.IntegerField(
         min_value=1, max_value=1000, required=False, help_text="snapshots kept (retention)"
+    )
+    snapshot_memory_every = serializers.IntegerField(
+        min_value=0,
+        max_value=services.MAX_CPU_STEPS,
+        required=False,
+        help_text="also keep each rank's newest state in its node's RAM every N steps (0: never): a restarted "
+        "rank reloads it without reading disk",
     )
     max_restarts = serializers.IntegerField(
         min_value=0,

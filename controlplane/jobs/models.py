@@ -206,6 +206,7 @@ class JobFault(models.Model):
 class SnapshotKind(models.TextChoices):
     FULL = "full"
     DELTA = "delta"
+    LOG = "log"  # the gradients of the steps since its base, replayed on restore (snapshot_delta: log)
 
 
 class JobSnapshot(models.Model):

@@ -164,7 +164,9 @@ def _snapshot_row(job: TrainingJob, attempt: int, snapshot: dict) -> JobSnapshot
         defaults={
             "attempt": attempt,
             "step": step if step is not None and step >= 0 else int(match[1]),
-            "kind": SnapshotKind.DELTA if snapshot.get("kind") == "delta" else SnapshotKind.FULL,
+            "kind": snapshot.get("kind")
+            if snapshot.get("kind") in SnapshotKind.values
+            else SnapshotKind.FULL,
             "bytes_written": max(0, _int_or_none(snapshot.get("bytes_written")) or 0),
             "raw_bytes": max(0, _int_or_none(snapshot.get("raw_bytes")) or 0),
             "base": str(snapshot.get("base") or "")[:64],

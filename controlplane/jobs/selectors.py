@@ -415,7 +415,9 @@ def restart_policy(job: TrainingJob) -> dict:
         "snapshot_full_every": config.get("snapshot_full_every", defaults["snapshot_full_every"].default)
         if every
         else None,
+        "snapshot_delta": config.get("snapshot_delta", defaults["snapshot_delta"].default) if every else None,
         "snapshot_keep": config.get("snapshot_keep", defaults["snapshot_keep"].default) if every else None,
+        "snapshot_memory_every": int(config.get("snapshot_memory_every") or 0),
         "inject": config.get("inject") or "",
     }
 

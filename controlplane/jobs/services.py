@@ -109,7 +109,9 @@ RUN_OPTIONS = (
     "bucket_cap_mb",
     "snapshot_every",
     "snapshot_full_every",
+    "snapshot_delta",
     "snapshot_keep",
+    "snapshot_memory_every",
     "inject",
 )
 

@@ -236,6 +236,13 @@ def _submit(client, **extra):
         ({"inject": "corrupt-snapshot@step=3"}, "inject", "takes no snapshots"),
         ({"inject": "kill-worker@step=3", "snapshot_every": 2}, "inject", "other teams'"),
         ({"inject": "drop-link@step=3:rank=1", "snapshot_every": 2}, "inject", "emulated two-tier network"),
+        ({"snapshot_delta": "zip", "snapshot_every": 2}, "snapshot_delta", "not a valid choice"),
+        (
+            {"snapshot_delta": "log", "snapshot_every": 5},
+            "snapshot_every",
+            "at most 3 with snapshot_delta log",
+        ),
+        ({"snapshot_memory_every": -1}, "snapshot_memory_every", "greater than or equal to 0"),
     ],
 )
 def test_submit_validates_the_restart_policy_and_the_faults_to_inject(alice, extra, field, words):
@@ -247,10 +254,14 @@ def test_submit_validates_the_restart_policy_and_the_faults_to_inject(alice, ext
 def test_a_job_that_snapshots_gets_its_own_snapshot_directory_and_its_policy(alice):
     from controlplane.jobs.models import TrainingJob
 
-    r = _submit(alice, snapshot_every=5, max_restarts=7, hang_timeout_s=30, inject="kill-rank@step=6")
+    r = _submit(alice, snapshot_every=5, max_restarts=7, hang_timeout_s=30, inject="kill-rank@step=6",
+                snapshot_memory_every=2)  # fmt: skip
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["max_restarts"] == 7 and body["hang_timeout_s"] == 30
+    assert body["config"]["snapshot_memory_every"] == 2
+    logs = _submit(alice, snapshot_every=2, snapshot_full_every=4, snapshot_delta="log")
+    assert logs.status_code == 201 and logs.json()["config"]["snapshot_delta"] == "log", logs.content
     job = TrainingJob.objects.get(pk=body["id"])
     assert body["config"]["snapshot_dir"] == str(
         Path(settings.VAR_DIR) / "jobs" / str(job.pk) / f"snapshots-{job.files_stamp}"
