@@ -113,13 +113,11 @@ def run_on_two_nodes(net: netem.TwoTierNetwork, cfg, run_dir: Path, *, inject: s
 @pytest.mark.slow
 def test_a_dropped_node_link_is_found_recovered_and_the_losses_stay_bit_for_bit(tmp_path):
     strategy = {"dp": 2, "micro_batch_size": 2}
-    # resume: torchrun counts only failures as restarts. The agent on node 1 cannot reach the rendezvous
-    # store (node 0) while the link is down; back, it usually sees node 0's agent waiting in the next round
-    # first and restarts its rank as a membership change, TORCHELASTIC_RESTART_COUNT unchanged: that rank
-    # would take itself for a first start and refuse the snapshots (a second failure and restart). With
-    # resume it resumes whichever way its agent restarted it (from the start while there is no snapshot).
+    # no ``resume``: torchrun counts only failures as restarts, and node 1's agent, cut off from the
+    # rendezvous store while the link is down, usually re-joins as a membership change and starts its rank
+    # with the old count; the ranks agree on the highest count (Trainer._agree_on_restart), so it resumes
     cfg = job("tiny-dense.json", strategy, steps=STEPS, profile_every=0, snapshot_every=2,
-              snapshot_dir=str(tmp_path / "snap"), resume=True)  # fmt: skip
+              snapshot_dir=str(tmp_path / "snap"))  # fmt: skip
     t0 = time.monotonic()
     with netem.TwoTierNetwork(nodes=2) as net:
         created = set(net.namespaces) | {net.switch}

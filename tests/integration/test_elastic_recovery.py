@@ -113,7 +113,7 @@ def test_the_in_memory_tier_loses_at_most_its_interval_and_nothing_else(tmp_path
         "--inject", "kill-rank@step=5,kill-rank@step=11:rank=0",
     )  # fmt: skip
     assert code == 0, err
-    assert [(f["kind"], f["tier"]) for f in r["faults"]] == [("rank-killed", "memory")] * 2
+    assert [(f["kind"], f["tier"]) for f in r["faults"]] == [("rank-killed", "memory")] * 2, r["faults"]
     # from RAM: back at most 2 steps (a disk snapshot every 8 would have meant up to 8)
     assert all(f["steps_lost"] <= 2 and f["resumed_from_step"] % 2 == 0 for f in r["faults"])
     assert r["loss_bitwise_equal"] and r["steps_compared"] == 16

@@ -162,3 +162,18 @@ def test_rank_layout_puts_tp_innermost_then_cp():
     assert [(c["ep"], c["edp"]) for c in coords[:8:2]] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     with pytest.raises(ValueError, match="dp\\*cp"):
         ParallelDims(dp=1, tp=1, pp=1, ep=4, world_size=2, cp=2)
+
+
+@pytest.mark.parametrize("name", ["tiny-dense.json", "tiny-moe.json"])
+def test_build_skips_only_the_default_init_that_init_weights_overwrites(name):
+    cfg = load(name)
+    slow = Transformer(cfg)
+    slow.init_weights(3)
+    fast = Transformer.build(cfg, 3)
+    assert slow.state_dict().keys() == fast.state_dict().keys()
+    for key, value in slow.state_dict().items():  # parameters and buffers, bit for bit
+        assert torch.equal(value, fast.state_dict()[key]), key
+    # torch.nn.init is itself again afterwards
+    t = torch.zeros(4)
+    torch.nn.init.ones_(t)
+    assert t.eq(1).all()

@@ -722,8 +722,7 @@ class _ReplicaModel:
         self.cfg = cfg
         self.device_choice = device_mod.select_device(cfg.device if cfg.device != "auto" else None)
         torch.manual_seed(cfg.seed)
-        self.model = Transformer(cfg.model)
-        self.model.init_weights(cfg.seed)
+        self.model = Transformer.build(cfg.model, cfg.seed)
         self.corpus = TokenCorpus.from_source(cfg.data)
         from workers.training.trainer import AUTOCAST_DTYPES
 

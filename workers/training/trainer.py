@@ -116,7 +116,6 @@ class Trainer:
         self.progress = ProgressWriter.from_env(rank)
         if self.progress is not None:
             self.progress.update("starting")
-            self.progress.event("start", t=process_start_unix())
         self.rescaled: dict | None = None
         """When torchrun started another number of ranks than the strategy's (``rescale``): the decision."""
         if cfg.world_size != world_size:
@@ -134,10 +133,12 @@ class Trainer:
             getattr(torch, self.device.type).set_device(self.device)
         if not dist.is_initialized():
             dist.init_process_group(self.device_choice.backend, rank=rank, world_size=world_size)
+        self._agree_on_restart()
+        if self.progress is not None:
+            self.progress.event("start", t=process_start_unix())
         torch.manual_seed(cfg.seed)
 
-        model = Transformer(cfg.model)
-        model.init_weights(cfg.seed)
+        model = Transformer.build(cfg.model, cfg.seed)
         self.pm: ParallelModel = parallelize(model, cfg, self.device, world_size, rank)
         params = list(self.pm.parameters())
         # Expert weights in a group of their own: sharded on another mesh (edp) than the rest, or plain
@@ -226,6 +227,27 @@ class Trainer:
             )
         if self.progress is not None:
             self.progress.event("ready")
+
+    def _agree_on_restart(self) -> None:
+        """Every rank takes the highest restart count any rank was started with. torchrun counts failures
+        only: a node whose agent re-joins after a membership change (its link was down while the others
+        restarted) starts its rank with the old count, and that rank would take itself for a first start --
+        not resume, and refuse the snapshot directory (seen with ``drop-link``, docs/elastic.md)."""
+        if self.world_size == 1:
+            return
+        count = torch.tensor([self.restart], dtype=torch.int64, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        agreed = int(count.item())
+        if agreed != self.restart:
+            print(
+                f"rank {self.rank}: restart count {self.restart} -> {agreed}, the group's highest (its agent "
+                "re-joined after a membership change)",
+                flush=True,
+            )
+            self.restart = agreed
+            if self.progress is not None:
+                self.progress.restart = agreed
+                self.progress.update("starting")
 
     # ------------------------------------------------------------------------------------------- a step
 
