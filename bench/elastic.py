@@ -201,12 +201,13 @@ def recovery(args) -> dict:
         step_s = statistics.median(e["step_time_s"] for e in steps[2:])
         out["reference"] = {"steps": len(steps), "step_s": step_s, "goodput": ref["report"]["goodput"]}
         every = max(1, round(args.snapshot_interval / step_s))
+        memory_every = args.memory_every
         total = max(every * 2, round(args.minutes * 60 / step_s))
         kill_steps = range(
             max(2, round(args.kill_every / step_s)), total, max(1, round(args.kill_every / step_s))
         )
         inject = ",".join(f"kill-rank@step={k}:rank={i % args.ranks}" for i, k in enumerate(kill_steps))
-        out.update(steps=total, snapshot_every=every, kills=len(kill_steps))
+        out.update(steps=total, snapshot_every=every, memory_every=memory_every, kills=len(kill_steps))
         run = run_elastic(
             config(
                 total,
@@ -214,6 +215,7 @@ def recovery(args) -> dict:
                 snapshot_dir=str(work / "snapshots"),
                 snapshot_full_every=1,
                 snapshot_keep=2,
+                snapshot_memory_every=memory_every,
             ),
             args.ranks,
             run_dir=work / "faulty",
@@ -255,7 +257,8 @@ def report_recovery(r: dict) -> str:
     med = statistics.median
     lines = [
         f"recovery: {r['ranks']} rank(s) under torchrun (restart from snapshots), step {ref['step_s']:.2f} s,"
-        f" a full snapshot every {r['snapshot_every']} steps",
+        f" a full snapshot every {r['snapshot_every']} steps"
+        + (f", the state in RAM every {r['memory_every']}" if r.get("memory_every") else ""),
         f"  {r['kills']} rank kills in {r['steps']} steps ({r['minutes']:g} min at the reference pace), one every"
         f" {r['kill_every_s']:g} s; {len(rtos)} recovered, exit code {r['exit_code']}",
     ]
@@ -440,7 +443,15 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2, help="data-parallel ranks of the recovery runs")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the run with kills")
     parser.add_argument("--kill-every", type=float, default=60.0, help="seconds between two rank kills")
-    parser.add_argument("--snapshot-interval", type=float, default=12.0, help="seconds between snapshots")
+    parser.add_argument(
+        "--snapshot-interval", type=float, default=12.0, help="seconds between disk snapshots (recovery)"
+    )
+    parser.add_argument(
+        "--memory-every",
+        type=int,
+        default=0,
+        help="recovery: also keep each rank's state in RAM every N steps (snapshot_memory_every; 0: off)",
+    )
     parser.add_argument("--reference-steps", type=int, default=40, help="steps of the run without faults")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

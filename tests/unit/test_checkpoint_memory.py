@@ -76,3 +76,20 @@ def test_only_this_layout_and_this_snapshot_dir_are_offered(tmp_path):
     assert MemorySnapshots(tmp_path / "snap", 1, {"world_size": 2}).steps() == {}
     memory.remove(tmp_path / "snap")
     assert MemorySnapshots(tmp_path / "snap", 0, {"world_size": 2}).steps() == {}
+
+
+def test_a_background_copy_holds_the_state_handed_over_and_its_non_tensors_as_they_were(tmp_path):
+    mem = MemorySnapshots(tmp_path / "snap", 0, {"world_size": 2})
+    handed = state(9)
+    mem.save_async(9, handed)
+    handed["progress"]["data"]["consumed"] = -1  # replaced after the hand-over: not what was saved
+    assert mem.wait() >= 0.0 and mem.wait() == 0.0  # joined once; nothing in flight after
+    assert mem.steps() == {9: 0}
+    target = live()
+    mem.load(9, target, "rank0/")
+    want = state(9)
+    assert torch.equal(target["model"]["layers.0.w"], want["model"]["layers.0.w"])
+    assert target["progress"] == want["progress"]
+    mem.save_async(11, state(11))
+    mem.save(13, state(13))  # waits for the copy in flight first: both slots complete
+    assert mem.steps() == {11: 1, 13: 0}

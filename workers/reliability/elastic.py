@@ -326,6 +326,8 @@ class ElasticWatch:
     def finish(self) -> None:
         """The supervised process has ended: read what is left and stop the clock."""
         self.poll()
+        if self.snapshot_dir is not None:  # the last snapshot may be younger than the last periodic scan
+            self._scan_snapshots()
         self.end_unix = time.time()
         if self.injector is not None and self.injector.links_down:  # the run ended before it was found
             log.warning("drop-link: the run ended with a link down; bringing it up")

@@ -193,7 +193,7 @@ class Trainer:
         self._group_of = {id(p): i for i, g in enumerate(self.optimizer.param_groups) for p in g["params"]}
         self.resumed: dict | None = None
         """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
-        self.snapshot_prepare_s = 0.0
+        self._snapshot_buffers_started = False
         self.snapshots: SnapshotManager | None = None
         self.resuming = cfg.resume or bool(self.restart and (cfg.snapshot_every or cfg.snapshot_memory_every))
         """Resume at the start of :meth:`train`: asked for, or a torchrun restart of a snapshotting run."""
@@ -353,6 +353,8 @@ class Trainer:
                 if p.grad is not None:
                     p.grad.mul_(coef)
         recorded_s = self._record_gradients() if self.snapshots is not None else 0.0
+        if self.memory is not None:  # the in-memory copy of the last state must be done before it changes
+            recorded_s += self.memory.wait()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._update_expert_bias(global_loads)
@@ -481,6 +483,8 @@ class Trainer:
             self.progress.update("finishing")
         if self.snapshots is not None:
             self.snapshots.wait()  # the last snapshot published before the run says it finished
+        if self.memory is not None:
+            self.memory.wait()
         if self.progress is not None:
             self.progress.event("end", step=self.step)
         summary = self.summary()
@@ -956,23 +960,26 @@ class Trainer:
     def _snapshot_after(self, result: StepResult) -> None:
         """Called after every step: completes a finished background write's bookkeeping and, every
         ``snapshot_every`` steps, snapshots (the stall lands in ``result.snapshot_stall_s``); every
-        ``snapshot_memory_every`` steps copies the state into the in-memory tier (its stall too)."""
+        ``snapshot_memory_every`` steps copies the state into the in-memory tier (in the background where
+        nothing but the optimizer step changes it; what the next step waits for it is stall too)."""
         assert self.snapshots is not None
         self.snapshots.poll()
         if self.memory is not None and self.step % self.cfg.snapshot_memory_every == 0:
             t_mem = time.perf_counter()
-            self.memory.save(self.step, self.snapshot_state())
+            if self.pm.comm_states:  # comm-hook residuals change in the next backward: copied now
+                self.memory.save(self.step, self.snapshot_state())
+            else:  # in the background, beside the next step's forward and backward (waited on before
+                self.memory.save_async(self.step, self.snapshot_state())  # its optimizer step)
             result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + time.perf_counter() - t_mem
         every = self.cfg.snapshot_every
+        if every and not self._snapshot_buffers_started:
+            # after the first step (the optimizer state exists then), in the background: a restarted rank
+            # trains on while its staging buffers are allocated; the first snapshot waits for them (stall)
+            self._snapshot_buffers_started = True
+            like = self.logged_parameters() if self.snapshots.delta == "log" else None
+            self.snapshots.prepare_async(self.snapshot_state(), like)
         if not every or self.step % every:
             return
-        if not self.snapshots.records and not self.snapshot_prepare_s:
-            state = self.snapshot_state()
-            like = self.logged_parameters() if self.snapshots.delta == "log" else None
-            self.snapshot_prepare_s = self.snapshots.prepare(state, like)  # one-off, also reported apart
-            prepared = self.snapshot_prepare_s  # the training thread waited for it: badput for goodput
-        else:
-            prepared = 0.0
         record: SnapshotRecord = self.snapshots.save(
             self.step,
             self.snapshot_state,
@@ -980,9 +987,7 @@ class Trainer:
             log_state=self.log_state,
         )
         # a log's gradient copies were counted at the steps that paid for them (train_step)
-        result.snapshot_stall_s = (
-            (result.snapshot_stall_s or 0.0) + record.stall_s - record.record_s + prepared
-        )
+        result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s - record.record_s
 
     def _snapshot_summary(self) -> dict:
         records = self.snapshots.records if self.snapshots is not None else []
@@ -993,7 +998,7 @@ class Trainer:
         out["snapshots"] = [r.to_dict() for r in records]
         out["snapshot_stall_s_median"] = stalls[len(stalls) // 2]
         out["snapshot_stall_s_total"] = sum(stalls)
-        out["snapshot_prepare_s"] = self.snapshot_prepare_s
+        out["snapshot_prepare_s"] = self.snapshots.prepare_s if self.snapshots is not None else 0.0
         return out
 
     def close(self, *, succeeded: bool = True) -> None:

@@ -17,6 +17,7 @@ changed.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -82,6 +83,18 @@ class SnapshotRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _touch(obj) -> None:
+    """Zero every tensor of a nested state dict (fault its pages in now)."""
+    if isinstance(obj, torch.Tensor):
+        obj.zero_()
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _touch(value)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            _touch(value)
 
 
 class _Prestaged(AsyncStager):
@@ -204,6 +217,10 @@ class SnapshotManager:
         """``delta="log"``: the gradients recorded since the previous snapshot."""
         self._last: _Link | None = None
         self._log_stager = BufferStager()
+        self._preparing: threading.Thread | None = None
+        self._prepare_error: BaseException | None = None
+        self.prepare_s = 0.0
+        """Seconds :meth:`prepare_async` took in the background."""
         """Stages a log's state besides its gradients (step, data position, RNG, buffers: small)."""
         existing: list[Any] = [None]
         if rank == 0:
@@ -230,15 +247,51 @@ class SnapshotManager:
         """Allocate and touch both CPU buffer sets now (start-up time) instead of at the first two
         snapshots (a first copy into fresh memory runs ~4x slower than into touched pages). ``gradients``
         (``delta="log"``): tensors shaped like the gradients to log (the parameters): two sets for their
-        copies too (a log being written, and the next one being recorded). Seconds taken."""
+        copies too (a log being written, and the next one being recorded). Seconds taken. Waits for a
+        :meth:`prepare_async` in flight first (and then has nothing left to do)."""
+        self.wait_prepared()
         t0 = time.perf_counter()
         if self.gradients is not None and gradients is not None:
             self.gradients.prepare(gradients)
         # XOR deltas need the last full snapshot's buffers beside the ones staged into; logs do not
         while len(self._free) < (2 if self.full_every > 1 and self.delta == "xor" else 1):
             buffers = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-            self._free.append(_copy_state_dict(state_dict, buffers))
+            _touch(buffers)  # zeros, not the live values: the training thread may be changing them
+            self._free.append(buffers)
         return time.perf_counter() - t0
+
+    def prepare_async(self, state_dict: dict, gradients: dict | None = None) -> None:
+        """:meth:`prepare` in a background thread, beside training: a restarted rank (every fault) does not
+        stall on allocating a gigabyte per model-and-moments copy before its first snapshot. Only the
+        shapes of ``state_dict`` / ``gradients`` are read. :meth:`wait_prepared` (called by :meth:`save`)
+        joins it; ``prepare_s`` holds the seconds it took."""
+        if self._preparing is not None:
+            return
+
+        def run() -> None:
+            try:
+                self.prepare_s = self.prepare(state_dict, gradients)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by wait_prepared in the training thread
+                self._prepare_error = exc
+
+        self._preparing = threading.Thread(target=run, name="snapshot-prepare", daemon=True)
+        self._preparing.start()
+
+    def wait_prepared(self) -> float:
+        """Join :meth:`prepare_async` if it is in flight; seconds waited."""
+        thread = self._preparing
+        if thread is None or thread is threading.current_thread() or not thread.is_alive():
+            self._raise_prepare_error()
+            return 0.0
+        t0 = time.perf_counter()
+        thread.join()
+        self._raise_prepare_error()
+        return time.perf_counter() - t0
+
+    def _raise_prepare_error(self) -> None:
+        if self._prepare_error is not None:
+            error, self._prepare_error = self._prepare_error, None
+            raise RuntimeError("allocating the snapshot buffers failed") from error
 
     def next_kind(self) -> str:
         if self.delta == "log":
@@ -270,6 +323,7 @@ class SnapshotManager:
         (``delta="log"``): the state of a log besides its gradients -- everything of ``state_dict`` that is
         not parameters or optimizer state -- built only when this snapshot is a log."""
         t0 = time.perf_counter()
+        self.wait_prepared()  # (in the stall: the training thread waits for it)
         self._finish_pending()
         waited = time.perf_counter() - t0
         kind = self.next_kind()

@@ -15,7 +15,12 @@ per-rank memcpy with nothing to plan, and must work while a peer is dead. Layout
                                                          current.json           {"slot", "step"}
 
 Two slots alternate: a copy goes into the slot ``current.json`` does not name, then ``current.json`` is
-replaced (atomic); a rank killed mid-copy leaves the previous slot intact and named. A rank offers both
+replaced (atomic); a rank killed mid-copy leaves the previous slot intact and named.
+
+The copy can run in the background (:meth:`MemorySnapshots.save_async`): the training loop hands over the
+live tensors and goes on with the next step's forward and backward, which do not change parameters or
+optimizer state; it waits (:meth:`MemorySnapshots.wait`) before the next ``optimizer.step()``. The copy is
+``Tensor.copy_`` (the GIL released), so it overlaps the next step's compute instead of stalling it. A rank offers both
 slots' steps; the group restores the newest step every rank holds (all-gather), and only when it is at
 least as new as the newest disk snapshot.
 """
@@ -28,6 +33,8 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +79,13 @@ class MemorySnapshots:
         self.dir = memory_root(snapshot_dir) / f"rank{rank}"
         self.layout = layout
         self._mapped: dict[int, torch.Tensor] = {}  # slot -> uint8 view of its file
+        self._copying: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     # --------------------------------------------------------------------------------------------- saving
 
     def clear(self) -> None:
+        self.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _current(self) -> dict | None:
@@ -96,9 +106,42 @@ class MemorySnapshots:
             self._mapped[slot] = view
         return view
 
+    def save_async(self, step: int, state: dict) -> None:
+        """Start :meth:`save` of the live ``state`` in a background thread (one at a time: waits for the
+        previous one). Its tensors must not change until :meth:`wait` returns; everything else in ``state``
+        (RNG streams, data position: objects replaced, not changed in place) is taken now."""
+        self.wait()
+        flat = flatten(state)
+        frozen = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+        frozen.update(pickle.loads(pickle.dumps({k: v for k, v in flat.items() if k not in frozen})))
+
+        def copy() -> None:
+            try:
+                self._save_flat(step, frozen)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the training thread by wait()
+                self._error = exc
+
+        self._copying = threading.Thread(target=copy, name="memory-snapshot", daemon=True)
+        self._copying.start()
+
+    def wait(self) -> float:
+        """Block until the background copy (if any) is done; seconds waited. Raises what the copy raised."""
+        if self._copying is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._copying.join()
+        self._copying = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("the in-memory snapshot copy failed") from error
+        return time.perf_counter() - t0
+
     def save(self, step: int, state: dict) -> int:
         """Copy this rank's local state into the free slot and name it current. Returns bytes copied."""
-        flat = flatten(state)
+        self.wait()
+        return self._save_flat(step, flatten(state))
+
+    def _save_flat(self, step: int, flat: dict[str, Any]) -> int:
         tensors = {k: _local(v).detach() for k, v in flat.items() if isinstance(v, torch.Tensor)}
         others = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
         entries, offset = [], 0
