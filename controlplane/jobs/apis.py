@@ -69,6 +69,8 @@ class JobFaultSerializer(serializers.Serializer):
     restart = serializers.IntegerField(help_text="torchrun restart within the attempt")
     kind = serializers.ChoiceField(choices=FaultKind.choices)
     rank = serializers.IntegerField(allow_null=True)
+    node_rank = serializers.IntegerField(allow_null=True, help_text="the node a node-lost fault hit")
+    node_name = serializers.CharField(allow_null=True, help_text="that node's name")
     step = serializers.IntegerField(allow_null=True, help_text="last committed step before the fault")
     message = serializers.CharField()
     detected_at = serializers.DateTimeField()
@@ -123,6 +125,10 @@ class GoodputSerializer(serializers.Serializer):
 
 class TrainingJobSerializer(TeamOwnedSerializer):
     stream = serializers.CharField(read_only=True)
+    max_nodes = serializers.IntegerField(read_only=True, help_text="the most nodes it runs on (its nnodes)")
+    elastic = serializers.BooleanField(
+        read_only=True, help_text="min_nodes < max_nodes: it goes on when a node is lost, and grows back"
+    )
     world_size = serializers.IntegerField(read_only=True)
     predicted_step_time_s = serializers.FloatField(read_only=True, allow_null=True)
     queue_position = serializers.SerializerMethodField(
@@ -152,6 +158,9 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "progress",
             "attempts",
             "nnodes",
+            "min_nodes",
+            "max_nodes",
+            "elastic",
             "nproc_per_node",
             "world_size",
             "config",
@@ -229,7 +238,26 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         min_value=0, required=False, help_text="measure compute vs communication every N steps (0: never)"
     )
     device = serializers.ChoiceField(choices=["auto", "cpu", "cuda", "npu"], default="auto")
-    nnodes = serializers.IntegerField(min_value=1, max_value=4096, default=1)
+    nnodes = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="nodes it runs on (default 1); max_nodes is its alias",
+    )
+    max_nodes = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="the most nodes it runs on: another name for nnodes (given both, they must agree)",
+    )
+    min_nodes = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="the fewest nodes it goes on with (default: max_nodes, not elastic). Below max_nodes the job "
+        "is elastic: a node lost for good leaves it running on the others (it needs snapshot_every > 0 and "
+        "max_restarts > 0), and a node worker that comes online joins it again",
+    )
     bucket_cap_mb = serializers.FloatField(
         min_value=0.01,
         max_value=4096,

@@ -45,7 +45,15 @@ class TrainingJob(LongRunningJob):
         related_name="jobs",
         help_text="the stored plan it was launched from; its measured figures land there when the job succeeds",
     )
-    nnodes = models.PositiveIntegerField(default=1)
+    nnodes = models.PositiveIntegerField(
+        default=1,
+        help_text="the most nodes it runs on (max_nodes in the API); the world size divides over them",
+    )
+    min_nodes = models.PositiveIntegerField(
+        default=None,
+        validators=[MinValueValidator(1)],
+        help_text="the fewest nodes it goes on with (elastic when fewer than nnodes); default: nnodes",
+    )
     nproc_per_node = models.PositiveIntegerField(default=1)
     attempts = models.PositiveIntegerField(default=0)
     exit_codes = models.JSONField(
@@ -91,6 +99,22 @@ class TrainingJob(LongRunningJob):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"
+
+    def save(self, *args, **kwargs):
+        if self.min_nodes is None:  # not elastic unless asked for
+            self.min_nodes = self.nnodes
+        super().save(*args, **kwargs)
+
+    @property
+    def max_nodes(self) -> int:
+        """The API's name for ``nnodes``: the most nodes the job runs on."""
+        return self.nnodes
+
+    @property
+    def elastic(self) -> bool:
+        """An elastic node range (``min_nodes`` < ``nnodes``): a node lost for good does not end the job, the
+        nodes left go on (torchrun ``--nnodes MIN:MAX``), and a node that comes back joins again."""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
 
     @property
     def files_stamp(self) -> str:
@@ -173,11 +197,13 @@ class FaultKind(models.TextChoices):
     RANK_HUNG = "rank-hung"
     RANK_FAILED = "rank-failed"
     WORKER_LOST = "worker-lost"
+    NODE_LOST = "node-lost"  # one node of an elastic job ended or went silent; the others went on
 
 
 class JobFault(models.Model):
     """One fault of a job attempt and how it was recovered: the recovery engine
-    (``workers.reliability.elastic``) reports a killed, hung or failed rank; the reaper a lost worker.
+    (``workers.reliability.elastic``) reports a killed, hung or failed rank; the reaper a lost worker; the
+    control plane a node an elastic job lost (``node-lost``: the nodes left went on without it).
     ``recovered_at`` stays null until training continues (or for good when the job failed instead)."""
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="faults")
@@ -185,6 +211,8 @@ class JobFault(models.Model):
     restart = models.PositiveIntegerField(default=0, help_text="torchrun restart within the attempt")
     kind = models.CharField(max_length=16, choices=FaultKind.choices)
     rank = models.IntegerField(null=True, blank=True)
+    node_rank = models.IntegerField(null=True, blank=True, help_text="the node it hit (node-lost)")
+    node_name = models.CharField(max_length=200, blank=True, default="", help_text="that node's name")
     step = models.IntegerField(null=True, blank=True, help_text="last committed step before the fault")
     message = models.TextField(blank=True, default="")
     detected_at = models.DateTimeField()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
+from django.db.models import F
 from django.utils import timezone
 from rest_framework.exceptions import APIException, ValidationError
 
@@ -288,6 +289,11 @@ def elastic_watch_for(job: TrainingJob, attempt: int, node_rank: int, workdir: P
         hang_timeout_s=float(job.hang_timeout_s),
         snapshot_dir=snapshot_dir,
         injector=injector,
+        # an elastic job's nodes may share the attempt's directory (one machine, a shared filesystem) and
+        # one may join while the others train: only node 0, started first, clears it; and its agents
+        # restart a healthy group to let a node join, which is no fault
+        fresh=not job.elastic or node_rank == 0,
+        membership_changes=job.elastic,
         **watch_callbacks(job.pk, attempt),
     )
 
@@ -387,6 +393,165 @@ def resume_after_worker_lost(*, job_id: int, cause: str) -> str:
             why=f"Its worker was lost; resumed automatically ({left - 1} automatic recoveries left).",
         )
     return ""
+
+
+# --- elastic node range: a node lost for good, a node that comes back ----------------------------------
+
+
+def record_node_lost(*, job: TrainingJob, node, message: str) -> JobFault:
+    """Node ``node`` of the elastic job's current attempt is gone for good while other nodes go on (inside
+    the caller's transaction, the job locked): a ``node-lost`` fault, closed at once (the nodes left re-form
+    the group by a torchrun restart, which their own watch records as a rank fault with its recovery)."""
+    last = _last_train_event(job)
+    now = timezone.now()
+    fault = JobFault.objects.create(
+        job=job,
+        attempt=node.attempt,
+        restart=max(0, _int_or_none((last.values or {}).get("restart")) or 0) if last else 0,
+        kind=FaultKind.NODE_LOST,
+        node_rank=node.node_rank,
+        node_name=node.node_name,
+        step=last.step if last else None,
+        message=message[:MESSAGE_CHARS],
+        detected_at=now,
+        recovered_at=now,
+    )
+    _event(
+        job,
+        {
+            "fault": fault_values(fault),
+            "attempt": node.attempt,
+            "message": f"Lost node {node.node_name or node.node_rank}: {message}.",
+        },
+    )
+    return fault
+
+
+def reap_lost_nodes(*, now=None, stale_after=None) -> list[int]:
+    """Elastic jobs whose attempt goes on while one of its nodes went silent (its worker died: no heartbeat
+    for ``stale_after``, default ``HEARTBEAT_TIMEOUT``): that node is failed with a ``node-lost`` fault and
+    the others go on (the job ends when they do, ``settle_attempt``). Node 0 hosts the rendezvous store: the
+    nodes left cannot re-form the group without it, so losing it resumes the job as a new attempt, as a lost
+    worker does (``resume_after_worker_lost``). A job all of whose nodes went silent is the job-level
+    reaper's (``reap_orphans``). The nodes lost are then offered to node workers that are online
+    (``grow_elastic_jobs``). Returns the ids of the jobs that lost a node."""
+    from controlplane.jobs.models import JobNode
+    from controlplane.jobs.services import HEARTBEAT_TIMEOUT, _alive, job_fail, settle_attempt
+
+    now = now or timezone.now()
+    stale_after = stale_after or HEARTBEAT_TIMEOUT
+    elastic = TrainingJob.objects.filter(state__in=TrainingJob.ACTIVE_STATES, min_nodes__lt=F("nnodes"))
+    lost, store_lost = [], []
+    for job_id in elastic.values_list("pk", flat=True):
+        with transaction.atomic():
+            job = TrainingJob.objects.select_for_update().get(pk=job_id)
+            if job.state not in TrainingJob.ACTIVE_STATES:
+                continue
+            nodes = list(job.nodes.filter(attempt=job.attempts))
+            silent = [
+                n
+                for n in nodes
+                if n.state not in TrainingJob.TERMINAL_STATES
+                and n.heartbeat_at is not None
+                and n.heartbeat_at < now - stale_after
+            ]
+            going_on = [n for n in nodes if n not in silent and _alive(n, now, stale_after)]
+            if not silent or not going_on:
+                continue
+            if any(n.node_rank == 0 for n in silent):
+                store_lost.append(job.pk)
+                continue
+            for n in silent:
+                JobNode.objects.filter(pk=n.pk).update(state=JobState.FAILED, finished_at=now)
+                n.state = JobState.FAILED
+                record_node_lost(
+                    job=job,
+                    node=n,
+                    message=(
+                        f"the worker of node {n.node_rank} stopped answering (last heartbeat "
+                        f"{n.heartbeat_at:%H:%M:%S} UTC); the job goes on on {len(going_on)} node(s)"
+                    ),
+                )
+            if all(n.state in TrainingJob.TERMINAL_STATES for n in nodes):
+                settle_attempt(job=job, nodes=nodes, log_tail=job.log_tail, now=now)
+            lost.append(job.pk)
+    for job_id in store_lost:
+        cause = (
+            "Node 0, which hosts the job's rendezvous store, stopped answering: the nodes left cannot re-form "
+            "the group without it."
+        )
+        why_not = resume_after_worker_lost(job_id=job_id, cause=cause)
+        if why_not:
+            job_fail(job_id=job_id, human=f"{cause} It was not resumed: {why_not}", error="node 0 lost")
+    if lost:
+        try:
+            grow_elastic_jobs()
+        except Exception:  # noqa: BLE001 - the broker may be away; a node worker that starts offers itself
+            log.warning("elastic jobs: could not look for node workers to grow onto", exc_info=True)
+    return lost + store_lost
+
+
+# the job states in which a node may join a running elastic attempt
+GROWABLE_STATES = (JobState.RUNNING, JobState.RECOVERING)
+
+
+def grow_elastic_jobs(*, node_queues: list[str] | None = None) -> list[int]:
+    """Grow back: elastic jobs whose attempt runs on fewer nodes than ``max_nodes`` get the node workers of
+    ``node_queues`` (``node.<name>``; None: those online, ``online_node_queues``) that run no node of it:
+    a new ``JobNode`` of the running attempt each, whose agent joins the rendezvous, and the group re-forms
+    with it (the runtime lays the job out for the larger world, ``JobConfig.rescale``). Returns the ids of
+    the jobs that got a node."""
+    from controlplane.jobs.selectors import online_node_queues
+
+    short = [
+        job.pk
+        for job in TrainingJob.objects.filter(state__in=GROWABLE_STATES, min_nodes__lt=F("nnodes"))
+        if job.nodes.filter(attempt=job.attempts).exclude(state__in=TrainingJob.TERMINAL_STATES).count()
+        < job.nnodes
+    ]
+    if not short:
+        return []
+    if node_queues is None:
+        node_queues = online_node_queues()
+    return [job_id for job_id in short if node_queues and _grow(job_id, node_queues)]
+
+
+def _grow(job_id: int, node_queues: list[str]) -> list[str]:
+    from controlplane.jobs.models import JobNode
+    from controlplane.jobs.selectors import NODE_QUEUE_PREFIX
+    from controlplane.jobs.tasks import run_node
+
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        if job.state not in GROWABLE_STATES or not job.elastic:
+            return []
+        nodes = list(job.nodes.filter(attempt=job.attempts))
+        live = [n for n in nodes if n.state not in TrainingJob.TERMINAL_STATES]
+        busy = {n.node_name for n in live}
+        free = [q for q in node_queues if q.removeprefix(NODE_QUEUE_PREFIX) not in busy]
+        joining = free[: job.nnodes - len(live)]
+        rank = max((n.node_rank for n in nodes), default=-1) + 1
+        attempt = job.attempts
+        for queue in joining:
+            JobNode.objects.create(
+                job=job, attempt=attempt, node_rank=rank, node_name=queue.removeprefix(NODE_QUEUE_PREFIX)
+            )
+            transaction.on_commit(lambda r=rank, q=queue: run_node.apply_async((job_id, attempt, r), queue=q))
+            rank += 1
+        if joining:
+            names = [q.removeprefix(NODE_QUEUE_PREFIX) for q in joining]
+            _event(
+                job,
+                {
+                    "attempt": attempt,
+                    "nodes_joining": names,
+                    "message": (
+                        f"Node worker(s) {', '.join(names)} online: joining the running attempt "
+                        f"({len(live) + len(joining)} of its {job.nnodes} nodes)."
+                    ),
+                },
+            )
+    return joining
 
 
 def settle_worker_lost(*, job_id: int, events: list[dict]) -> None:

@@ -12,7 +12,7 @@ from django.db.models import F, Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
 from controlplane.common.models import JobState
-from controlplane.jobs.models import JobFault, JobSnapshot, TrainingJob
+from controlplane.jobs.models import FaultKind, JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
 from workers.training import examples
@@ -331,6 +331,8 @@ def fault_values(fault: JobFault) -> dict:
         "restart": fault.restart,
         "kind": fault.kind,
         "rank": fault.rank,
+        "node_rank": fault.node_rank,
+        "node_name": fault.node_name or None,
         "step": fault.step,
         "message": fault.message,
         "detected_at": fault.detected_at.isoformat() if fault.detected_at else None,
@@ -395,8 +397,13 @@ def snapshot_rows(job: TrainingJob) -> list[dict]:
 
 def restarts_left(job: TrainingJob) -> int:
     """Automatic recoveries the job may still make: ``max_restarts`` minus its faults since the latest
-    launch by a person."""
-    used = JobFault.objects.filter(job=job, attempt__gte=job.restart_budget_from).count()
+    launch by a person. A ``node-lost`` fault is not counted: the recovery it cost is the torchrun restart of
+    the nodes left, which their own watch records (a rank fault) and counts."""
+    used = (
+        JobFault.objects.filter(job=job, attempt__gte=job.restart_budget_from)
+        .exclude(kind=FaultKind.NODE_LOST)
+        .count()
+    )
     return max(0, job.max_restarts - used)
 
 
@@ -410,6 +417,9 @@ def restart_policy(job: TrainingJob) -> dict:
     return {
         "max_restarts": job.max_restarts,
         "restarts_left": restarts_left(job),
+        "min_nodes": job.min_nodes,
+        "max_nodes": job.max_nodes,
+        "elastic": job.elastic,
         "hang_timeout_s": job.hang_timeout_s,
         "snapshot_every": every,
         "snapshot_full_every": config.get("snapshot_full_every", defaults["snapshot_full_every"].default)

@@ -157,13 +157,17 @@ def job_submit(
     training: dict | None = None,
     steps: int,
     device: str = "auto",
-    nnodes: int = 1,
+    nnodes: int | None = None,
+    max_nodes: int | None = None,
+    min_nodes: int | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
     **options,
 ) -> TrainingJob:
     """A job request as the API takes it: a stored plan of the user's teams (its strategy, model, training
-    and team are the defaults), a plan document, or a strategy; documents given override the plan's."""
+    and team are the defaults), a plan document, or a strategy; documents given override the plan's.
+    ``max_nodes`` is another name for ``nnodes`` (given both, they must agree); ``min_nodes`` below it makes
+    the job elastic (``check_node_range``)."""
     from controlplane.common.api import only_team_of
     from controlplane.jobs.selectors import source_plan_of
 
@@ -176,6 +180,16 @@ def job_submit(
         model = model if model is not None else source_plan.model_doc
         training = training if training is not None else source_plan.training
         team = team or source_plan.team
+    if nnodes is not None and max_nodes is not None and nnodes != max_nodes:
+        raise ValidationError(
+            {
+                "max_nodes": [
+                    f"max_nodes is the job's nnodes (the most nodes it runs on): got nnodes={nnodes} and "
+                    f"max_nodes={max_nodes}; give one of them, or the same number"
+                ]
+            }
+        )
+    nnodes = nnodes if nnodes is not None else max_nodes if max_nodes is not None else 1
     if model is None:
         raise ValidationError({"model": ["give a model.json (or a plan_id whose model is used)"]})
     if plan is not None and not isinstance(plan.get("strategy"), dict):
@@ -197,6 +211,7 @@ def job_submit(
         config=config,
         plan=plan,
         nnodes=nnodes,
+        min_nodes=min_nodes,
         created_by=user,
         source_plan=source_plan,
         max_restarts=max_restarts,
@@ -226,6 +241,64 @@ def check_restart_policy(*, max_restarts, hang_timeout_s) -> None:
         errors["hang_timeout_s"] = [f"must be {low:g} to {high:g} seconds, got {hang_timeout_s:g}"]
     if errors:
         raise ValidationError(errors)
+
+
+def check_node_range(*, min_nodes, nnodes: int) -> None:
+    """``min_nodes`` is a whole number from 1 to the job's ``nnodes`` (its ``max_nodes``), as a 400."""
+    if isinstance(min_nodes, bool) or not isinstance(min_nodes, int):
+        raise ValidationError({"min_nodes": [f"must be a whole number of nodes, got {min_nodes!r}"]})
+    if not 1 <= min_nodes <= nnodes:
+        raise ValidationError(
+            {
+                "min_nodes": [
+                    f"must be 1 to max_nodes (nnodes) = {nnodes}, got {min_nodes}: the job runs on at most "
+                    f"{nnodes} node(s) and goes on while at least min_nodes of them are left"
+                ]
+            }
+        )
+
+
+def check_elastic_policy(config: dict, *, min_nodes: int, nnodes: int, max_restarts: int) -> None:
+    """What an elastic node range (``min_nodes`` < ``nnodes``) needs, as 400s a person can act on: snapshots
+    (the nodes left continue from the newest one, resharded) and restarts (they re-form the group by a
+    torchrun restart)."""
+    range_ = f"an elastic node range ({min_nodes}-{nnodes} nodes)"
+    errors = {}
+    snapshot_every = config.get("snapshot_every") if isinstance(config, dict) else None
+    if not (isinstance(snapshot_every, int) and snapshot_every > 0):
+        errors["snapshot_every"] = [
+            f"{range_} needs snapshots: when a node is lost the nodes left continue from the newest one, "
+            "resharded to their number of ranks. Set snapshot_every > 0, or min_nodes = max_nodes."
+        ]
+    if max_restarts < 1:
+        errors["max_restarts"] = [
+            f"{range_} needs max_restarts > 0: the nodes left re-form the group by a torchrun restart. "
+            "Set max_restarts to 1 or more, or min_nodes = max_nodes."
+        ]
+    if errors:
+        raise ValidationError(errors)
+
+
+def check_elastic_layout(config: dict, *, min_nodes: int, nproc: int) -> None:
+    """A layout for the ranks of ``min_nodes`` nodes (``workers.reliability.scaling``: the strategy's dp
+    rescaled with the global batch kept, else the planner's best), as a 400; the node counts between are
+    the runtime's to lay out the same way."""
+    from workers.reliability.scaling import replan
+    from workers.training.config import ConfigError, JobConfig
+
+    ranks = min_nodes * nproc
+    try:
+        replan(JobConfig.from_dict(config), ranks)
+    except ConfigError as exc:
+        said = "; ".join(f"{k}: {v}" for k, v in exc.errors.items())
+        raise ValidationError(
+            {
+                "min_nodes": [
+                    f"on {min_nodes} node(s) the job would have {ranks} rank(s), and no layout runs it there "
+                    f"({said}). Raise min_nodes, or change the strategy or the global batch."
+                ]
+            }
+        ) from exc
 
 
 def check_injectable(config: dict, world_size: int, *, allow_kill_worker: bool) -> None:
@@ -274,11 +347,24 @@ def job_create(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
     allow_kill_worker: bool = True,
+    min_nodes: int | None = None,
 ) -> TrainingJob:
     """Store a job (and queue its first attempt). A job that snapshots (``snapshot_every`` > 0) without a
     ``snapshot_dir`` gets the control plane's (``snapshot_dir_of``). ``allow_kill_worker``: whether its
-    ``inject`` may kill the supervising worker (not through the API: ``check_injectable``)."""
+    ``inject`` may kill the supervising worker (not through the API: ``check_injectable``). ``min_nodes``
+    (default ``nnodes``) below ``nnodes`` makes it elastic: its config gets ``rescale`` (the runtime lays
+    the job out again for the ranks it has, ``JobConfig.rescale``) and ``resume``."""
     check_restart_policy(max_restarts=max_restarts, hang_timeout_s=hang_timeout_s)
+    min_nodes = nnodes if min_nodes is None else min_nodes
+    if isinstance(nnodes, int) and nnodes >= 1:
+        check_node_range(min_nodes=min_nodes, nnodes=nnodes)
+    elastic = isinstance(nnodes, int) and isinstance(min_nodes, int) and min_nodes < nnodes
+    if elastic:
+        check_elastic_policy(config, min_nodes=min_nodes, nnodes=nnodes, max_restarts=max_restarts)
+        # every start of its ranks continues from the newest snapshot, at the world size it has then: a
+        # group that re-forms for a node that joins restarts its ranks without a failure (torchrun's restart
+        # count stays), and a first start would refuse the snapshot directory it already wrote to
+        config = {**config, "rescale": True, "resume": True}
     own_dir = (
         isinstance(config, dict)
         and not config.get("snapshot_dir")
@@ -322,6 +408,8 @@ def job_create(
         )
     check_fits_this_machine(config, nproc)
     check_injectable(config, world, allow_kill_worker=allow_kill_worker)
+    if elastic:
+        check_elastic_layout(config, min_nodes=min_nodes, nproc=nproc)
     with transaction.atomic():
         job = TrainingJob.objects.create(
             team=team,
@@ -329,6 +417,7 @@ def job_create(
             config=config,
             plan=plan,
             nnodes=nnodes,
+            min_nodes=min_nodes,
             nproc_per_node=nproc,
             created_by=created_by,
             source_plan=source_plan,
@@ -516,18 +605,30 @@ def node_started(*, node: JobNode, pid: int) -> None:
             job.started_at = job.started_at or now
             job.heartbeat_at = now
             job.save()
+            nodes = job.nodes.filter(attempt=job.attempts).count() if job.elastic else job.nnodes
             _job_event(
                 job,
-                {"state": "running", "attempt": job.attempts, "nodes": job.nnodes, "ranks": job.world_size},
+                {
+                    "state": "running",
+                    "attempt": job.attempts,
+                    "nodes": nodes,
+                    "ranks": nodes * job.nproc_per_node,
+                },
             )
 
 
 def heartbeat(*, node: JobNode) -> bool:
-    """Record a sign of life; returns True when the job wants to be cancelled."""
+    """Record a sign of life; returns True when the node's run should stop: the job wants to be cancelled,
+    or (elastic) the control plane already gave this node up as lost (``reap_lost_nodes``: its heartbeats
+    stopped for a while; the group went on without it, so its agent must not linger in it)."""
     now = timezone.now()
     JobNode.objects.filter(pk=node.pk).update(heartbeat_at=now)
     TrainingJob.objects.filter(pk=node.job_id).update(heartbeat_at=now)
-    return TrainingJob.objects.filter(pk=node.job_id, cancel_requested=True).exists()
+    if TrainingJob.objects.filter(pk=node.job_id, cancel_requested=True).exists():
+        return True
+    return JobNode.objects.filter(
+        pk=node.pk, state=JobState.FAILED, job__min_nodes__lt=F("job__nnodes")
+    ).exists()
 
 
 def node_finished(
@@ -540,8 +641,10 @@ def node_finished(
     elastic: dict | None = None,
 ) -> None:
     """Store a node's outcome; the last node to finish settles the job. ``elastic`` is the recovery
-    engine's report of the node (``ElasticWatch.report()``): its snapshots and goodput are kept."""
-    from controlplane.jobs.recovery import store_elastic_report
+    engine's report of the node (``ElasticWatch.report()``): its snapshots and goodput are kept. A node of
+    an elastic job that fails while other nodes of its attempt go on is a ``node-lost`` fault, not the end
+    of the job (``record_node_lost``). A node of an earlier attempt settles nothing."""
+    from controlplane.jobs.recovery import record_node_lost, store_elastic_report
 
     now = timezone.now()
     with transaction.atomic():
@@ -549,6 +652,9 @@ def node_finished(
         state = (
             JobState.CANCELLED if cancelled else (JobState.SUCCEEDED if exit_code == 0 else JobState.FAILED)
         )
+        given_up = JobNode.objects.filter(pk=node.pk, state=JobState.FAILED).exists()
+        if job.elastic and given_up:  # recorded lost before it reported: it stays so (it was stopped for it)
+            state = JobState.FAILED
         JobNode.objects.filter(pk=node.pk).update(state=state, exit_code=exit_code, finished_at=now)
         job.exit_codes = [
             *job.exit_codes,
@@ -564,56 +670,101 @@ def node_finished(
         elif job.goodput and summary is not None:  # another node's summary: the goodput stays in it
             job.measured = {**job.measured, "goodput": job.goodput}
         nodes = list(job.nodes.filter(attempt=node.attempt))
-        if job.is_finished or any(n.state not in TrainingJob.TERMINAL_STATES for n in nodes):
+        current = node.attempt == job.attempts and not job.is_finished
+        if current and job.elastic and state == JobState.FAILED and not given_up and not job.cancel_requested:
+            going_on = [n for n in nodes if n.pk != node.pk and _alive(n, now)]
+            if going_on:
+                record_node_lost(
+                    job=job,
+                    node=next(n for n in nodes if n.pk == node.pk),
+                    message=(
+                        f"torchrun on node {node.node_rank} exited with code {exit_code}; the job goes on on "
+                        f"{len(going_on)} node(s)"
+                    ),
+                )
+        if not current or any(n.state not in TrainingJob.TERMINAL_STATES for n in nodes):
             job.save()
             if goodput is not None:
                 _job_event(job, {"goodput": goodput, "attempt": node.attempt})
             return
-        states = {n.state for n in nodes}
-        if job.cancel_requested or JobState.CANCELLED in states:
-            job.state = JobState.CANCELLED
-            # a clean end: who asked for it, not the traceback torchrun prints when it is stopped
-            job.human_readable_error, job.error = cancelled_message(job), ""
-        elif states == {JobState.SUCCEEDED}:
-            job.state = JobState.SUCCEEDED
-            job.progress = 1.0
-        else:
-            job.state = JobState.FAILED
-            bad = [n for n in nodes if n.state == JobState.FAILED]
-            job.human_readable_error = (
-                f"torchrun on node {bad[0].node_rank} exited with code {bad[0].exit_code}; the log tail below says why. "
-                "Fix the cause and relaunch."
+        settle_attempt(job=job, nodes=nodes, log_tail=log_tail, now=now)
+
+
+def _alive(node: JobNode, now, stale_after: timedelta | None = None) -> bool:
+    """The node's supervisor runs (picked up, its heartbeats fresh: ``stale_after``, default
+    ``HEARTBEAT_TIMEOUT``), or its run ended well."""
+    if node.state == JobState.SUCCEEDED:
+        return True
+    return (
+        node.state not in TrainingJob.TERMINAL_STATES
+        and node.heartbeat_at is not None
+        and node.heartbeat_at >= now - (stale_after or HEARTBEAT_TIMEOUT)
+    )
+
+
+def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now) -> None:
+    """Every node of the job's current attempt has ended: the job ends (inside the caller's transaction,
+    ``job`` locked). An elastic job leaves out the nodes it lost (``node-lost`` faults): it succeeded when
+    the nodes that went on to the end did."""
+    from controlplane.jobs.models import FaultKind
+
+    if job.elastic:
+        lost = set(
+            job.faults.filter(attempt=job.attempts, kind=FaultKind.NODE_LOST).values_list(
+                "node_rank", flat=True
             )
-            if job.faults.filter(attempt=node.attempt).exists() and restarts_left(job) == 0:
-                job.human_readable_error += (
-                    f" It was not recovered again: it had used its {job.max_restarts} automatic recoveries "
-                    "(max_restarts)"
-                    + (
-                        ", and a relaunch resumes from its newest good snapshot."
-                        if job.snapshots_enabled
-                        else "."
-                    )
+        )
+        nodes = [n for n in nodes if n.node_rank not in lost] or nodes
+    states = {n.state for n in nodes}
+    if job.cancel_requested or JobState.CANCELLED in states:
+        job.state = JobState.CANCELLED
+        # a clean end: who asked for it, not the traceback torchrun prints when it is stopped
+        job.human_readable_error, job.error = cancelled_message(job), ""
+    elif states == {JobState.SUCCEEDED}:
+        job.state = JobState.SUCCEEDED
+        job.progress = 1.0
+    else:
+        job.state = JobState.FAILED
+        bad = [n for n in nodes if n.state == JobState.FAILED]
+        job.human_readable_error = (
+            f"torchrun on node {bad[0].node_rank} exited with code {bad[0].exit_code}; the log tail below says why. "
+            "Fix the cause and relaunch."
+        )
+        if job.faults.filter(attempt=job.attempts).exists() and restarts_left(job) == 0:
+            job.human_readable_error += (
+                f" It was not recovered again: it had used its {job.max_restarts} automatic recoveries "
+                "(max_restarts)"
+                + (
+                    ", and a relaunch resumes from its newest good snapshot."
+                    if job.snapshots_enabled
+                    else "."
                 )
-            job.error = log_tail[-2000:]
-        job.finished_at = now
-        job.save()
-        values = {"state": job.state, "attempt": node.attempt, "exit_codes": [n.exit_code for n in nodes]}
-        if job.state == JobState.CANCELLED:
-            values["message"] = job.human_readable_error
-        if job.measured:
-            values["measured"] = {
-                k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")
-            }
-        if job.goodput:
-            values["goodput"] = job.goodput
-        _job_event(job, values)
-        if job.state == JobState.SUCCEEDED and job.source_plan_id and job.measured:
-            record_measurement(job=job)
+            )
+        job.error = log_tail[-2000:]
+    job.finished_at = now
+    job.save()
+    values = {"state": job.state, "attempt": job.attempts, "exit_codes": [n.exit_code for n in nodes]}
+    if job.state == JobState.CANCELLED:
+        values["message"] = job.human_readable_error
+    if job.measured:
+        values["measured"] = {k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")}
+    if job.goodput:
+        values["goodput"] = job.goodput
+    _job_event(job, values)
+    # (an elastic job that ended on fewer nodes than its plan's measured another layout than the plan's)
+    if (
+        job.state == JobState.SUCCEEDED
+        and job.source_plan_id
+        and job.measured
+        and job.measured.get("world_size") in (None, job.world_size)
+    ):
+        record_measurement(job=job)
 
 
 def job_fan_out(*, job_id: int, attempt: int) -> str:
     """Give each node of a queued attempt its ``run_node`` task: any training worker for a one-node job,
-    the ``node.<name>`` queues of live node workers for a multi-node one."""
+    the ``node.<name>`` queues of live node workers for a multi-node one. An elastic job starts on as many
+    as are online, from ``min_nodes`` up to its ``max_nodes`` (``nnodes``)."""
     job = TrainingJob.objects.get(pk=job_id)
     if job.attempts != attempt or job.state != JobState.QUEUED:
         return "skipped"
@@ -621,11 +772,16 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
         queues = ["training"]
     else:
         online = online_node_queues()
-        if len(online) < job.nnodes:
+        if len(online) < job.min_nodes:
+            needs = (
+                f"at least {job.min_nodes} of its {job.nnodes} nodes (min_nodes)"
+                if job.elastic
+                else f"{job.nnodes} nodes"
+            )
             job_fail(
                 job_id=job.pk,
                 human=(
-                    f"This job needs {job.nnodes} nodes but {len(online)} node worker(s) are online "
+                    f"This job needs {needs} but {len(online)} node worker(s) are online "
                     f"({', '.join(online) or 'none'}). Start a worker per node with "
                     "CANN_TRAIN_NODE=<name> celery -A controlplane worker -Q training,node.<name>, then relaunch."
                 ),
@@ -639,14 +795,22 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
         job.state = JobState.LAUNCHING
         job.heartbeat_at = timezone.now()
         job.save()
-        for rank in range(job.nnodes):
+        for rank in range(len(queues)):
             JobNode.objects.create(
                 job=job,
                 attempt=attempt,
                 node_rank=rank,
                 node_name=queues[rank].removeprefix(NODE_QUEUE_PREFIX) if job.nnodes > 1 else "",
             )
-        _job_event(job, {"state": "launching", "attempt": attempt, "nodes": queues})
+        values = {"state": "launching", "attempt": attempt, "nodes": queues}
+        if job.elastic:
+            values["message"] = (
+                f"Starting on {len(queues)} of its {job.nnodes} nodes (elastic: it goes on with at least "
+                f"{job.min_nodes}"
+                + (", and grows when more node workers come online" if len(queues) < job.nnodes else "")
+                + ")."
+            )
+        _job_event(job, values)
         for rank, queue in enumerate(queues):
             transaction.on_commit(lambda r=rank, q=queue: run_node.apply_async((job_id, attempt, r), queue=q))
     return f"launched on {', '.join(queues)}"
@@ -728,11 +892,21 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         str(config_path),
         job.nnodes,
         job.nproc_per_node,
-        node_rank,
+        # a node that joins a running elastic attempt has a new row past the first nnodes; c10d ignores
+        # --node-rank (see above), torchrun only checks it is below --nnodes
+        min(node_rank, job.nnodes - 1),
         endpoint,
         run_id=f"job{job.pk}-a{attempt}",
         max_restarts=max_restarts,
         summary_path=str(summary_path),
+        # an elastic range: --nnodes MIN:MAX, so the agents re-form the group on the nodes left (and with a
+        # node that comes back). Warm agents (workers.training.agent): with plain torchrun the shrink and
+        # regrow of tests/integration/test_elastic_scaling.py timed out; with warm agents it passes
+        min_nodes=job.min_nodes if job.elastic else None,
+        warm=job.elastic,
+        # node 0 hosts the rendezvous store, never another node (c10d lets the first agent to bind the port
+        # host it): the group must not lose its store with a node it can lose (reap_lost_nodes)
+        hosts_store=False if job.elastic and node_rank != 0 else None,
     )
     log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
 
@@ -856,10 +1030,13 @@ def reap_orphans(
     tasks wait for a free worker slot) has sent no heartbeat and is left alone. ``node_name`` limits it to
     jobs with a running node of that name (``make run`` stopping its own worker: ``human`` is then its
     reason, and those jobs are failed, not resumed); ``stale_after`` defaults to ``HEARTBEAT_TIMEOUT``.
-    Returns the ids it settled."""
-    from controlplane.jobs.recovery import resume_after_worker_lost
+    Returns the ids it settled. First, without ``node_name``: the elastic jobs that lost one node while
+    others go on (``reap_lost_nodes``: not settled, they go on)."""
+    from controlplane.jobs.recovery import reap_lost_nodes, resume_after_worker_lost
 
     now = now or timezone.now()
+    if node_name is None:
+        reap_lost_nodes(now=now, stale_after=stale_after)
     stale = TrainingJob.objects.filter(
         state__in=TrainingJob.ACTIVE_STATES,
         heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT),

@@ -11,7 +11,12 @@ modules do not import each other at import time.
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from celery.signals import worker_ready
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -39,3 +44,23 @@ def compare_comm(comparison_id: int) -> str:
     from controlplane.jobs.comparisons import comparison_run
 
     return comparison_run(comparison_id=comparison_id)
+
+
+@worker_ready.connect
+def offer_this_node(sender=None, **kwargs) -> None:
+    """A node worker (``-Q ...,node.<name>``) that comes online offers itself to the elastic jobs running on
+    fewer nodes than their ``max_nodes`` (grow back: ``grow_elastic_jobs``)."""
+    from workers.training.supervisor import node_name
+
+    queue = f"node.{node_name()}"
+    if sender is None or queue not in sender.app.amqp.queues.consume_from:
+        return
+    try:
+        from controlplane.jobs.recovery import grow_elastic_jobs
+
+        grown = grow_elastic_jobs(node_queues=[queue])
+    except Exception:  # noqa: BLE001 - the worker serves its queue all the same
+        log.warning("%s: could not offer this node to elastic jobs", queue, exc_info=True)
+        return
+    if grown:
+        log.info("%s joins the running elastic job(s) %s", queue, grown)

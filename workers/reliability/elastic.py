@@ -76,13 +76,22 @@ class ElasticWatch:
         on_recovered: Callable[[dict], None] = lambda recovery: None,
         on_snapshot: Callable[[dict], None] | None = None,
         launch_unix: float | None = None,
+        fresh: bool = True,
+        membership_changes: bool = False,
     ):
+        """``fresh``: clear ``run_dir``'s progress (a new launch); False: a node that joins a running group
+        watches the directory as it is, from the restart count its ranks are at (the restarts before it are
+        not its to report). ``membership_changes``: the ranks run under an elastic node range (``--nnodes
+        MIN:MAX``), where torchrun also restarts a healthy group to let a node join, without counting a
+        failure: a rank that dies without an injected fault is then held until the next ranks start --
+        on a higher restart count it was a fault (reported with the times it was found), on the same count
+        the group re-formed (an event, ``membership-change``, not a fault)."""
         if hang_timeout_s <= 0:
             raise ValueError(f"hang_timeout_s must be > 0, got {hang_timeout_s}")
         self.dir = Path(run_dir) / "progress"
-        if self.dir.exists():  # a new watch: what an earlier launch wrote is not this run's progress
+        if fresh and self.dir.exists():  # what an earlier launch wrote is not this run's progress
             shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.hang_timeout_s = hang_timeout_s
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
         self.injector = injector
@@ -93,6 +102,11 @@ class ElasticWatch:
         self.faults: list[dict] = []
         self.events: list[dict] = []  # corrupt snapshots and other non-disrupting faults
         self.restart = 0
+        if not fresh:
+            ranks = progress_mod.read_progress(self.dir).values()
+            self.restart = max((d.get("restart", 0) for d in ranks), default=0)
+        self.membership_changes = membership_changes
+        self._pending: dict | None = None  # a dead rank held until the next ranks say what it was
         self._faulted_restarts: set[int] = set()
         self._advance = (None, time.monotonic())  # (newest step seen, when it was first seen)
         self._snapshots: dict[str, dict] = {}
@@ -111,6 +125,8 @@ class ElasticWatch:
         self.timeline.read_new()
         if ranks:
             newest = max(d.get("restart", 0) for d in ranks.values())
+            if self._pending is not None and newest > self._pending["restart"]:
+                self._record_pending()  # torchrun restarted the group: the rank's death was a failure
             for missed in range(self.restart, newest):  # restarted between two polls: a fault all the same
                 if missed not in self._faulted_restarts:
                     self._record(
@@ -130,7 +146,9 @@ class ElasticWatch:
                     self.events.append({"kind": "snapshot-corrupted", **fired.to_dict()})
                 elif fired.refused:  # nothing happened to the run: an event that says why, not a fault
                     self.events.append(fired.to_dict())
-        if self.restart not in self._faulted_restarts:
+        if self._pending is not None:
+            self._settle_pending(current)
+        elif self.restart not in self._faulted_restarts:
             self._find_fault(current, now)
         self._find_recoveries()
         if self.snapshot_dir is not None and time.monotonic() - self._last_scan >= SNAPSHOT_SCAN_EVERY_S:
@@ -194,6 +212,18 @@ class ElasticWatch:
                 + (f" after the injected fault {link.fault} took {link.detail}" if link else "")
             )
             at = fired.fired_unix if fired else link.fired_unix if link else now
+            if self.membership_changes and not fired and not link:
+                self._pending = {
+                    "kind": kind,
+                    "rank": rank,
+                    "detected": now,
+                    "at": at,
+                    "message": message,
+                    "restart": self.restart,
+                    "known": {d["pid"] for d in current.values()},
+                    "since": time.monotonic(),
+                }
+                return
             self._record(kind, link.rank if link else rank, now, at, message)
             return
         stalled_s = time.monotonic() - self._advance[1]
@@ -223,6 +253,30 @@ class ElasticWatch:
                 f"no step committed for {stalled_s:.1f} s (hang timeout {self.hang_timeout_s:g} s): "
                 f"killed {who}",
             )
+
+    def _record_pending(self) -> None:
+        p, self._pending = self._pending, None
+        self._record(p["kind"], p["rank"], p["detected"], p["at"], p["message"], restart=p["restart"])
+
+    def _settle_pending(self, current: dict[int, dict]) -> None:
+        """A rank died under an elastic node range: new ranks on the same restart count mean the agents
+        re-formed the group (a node joined or left) without a failure; none for the hang timeout, a fault."""
+        p = self._pending
+        started = [d for d in current.values() if d["pid"] not in p["known"] and _alive(d["pid"])[0]]
+        if started:
+            self._pending = None
+            self._advance = (self._advance[0], time.monotonic())
+            self.events.append(
+                {
+                    "kind": "membership-change",
+                    "restart": p["restart"],
+                    "detected_unix": p["detected"],
+                    "message": f"{p['message']}: the group re-formed (a node joined or left), no failure",
+                }
+            )
+            log.info("membership change: %s; the group re-formed", p["message"])
+        elif time.monotonic() - p["since"] > self.hang_timeout_s:
+            self._record_pending()
 
     def _record(
         self,
@@ -326,6 +380,8 @@ class ElasticWatch:
     def finish(self) -> None:
         """The supervised process has ended: read what is left and stop the clock."""
         self.poll()
+        if self._pending is not None:  # the ranks died and none followed: that was the end of them
+            self._record_pending()
         if self.snapshot_dir is not None:  # the last snapshot may be younger than the last periodic scan
             self._scan_snapshots()
         self.end_unix = time.time()

@@ -29,14 +29,23 @@ def render_torchrun_command(
     *,
     min_nodes: int | None = None,
     warm: bool = False,
+    hosts_store: bool | None = None,
     summary_path: str | None = None,
     python: str | None = None,
 ) -> list[str]:
-    """argv for one node. Run it with ``env={**os.environ, **TORCHRUN_ENV}``."""
+    """argv for one node. Run it with ``env={**os.environ, **TORCHRUN_ENV}``. ``hosts_store``: whether this
+    node's agent hosts the rendezvous store (c10d's ``is_host``); None: c10d decides, and on one machine the
+    first agent to bind the port does. False lets a node start at once and connect when the host is up."""
     if min_nodes is not None and not 1 <= min_nodes <= nnodes:
         raise ValueError(f"bad elastic range: min_nodes={min_nodes} nnodes={nnodes}")
     if nnodes < 1 or nproc_per_node < 1 or not 0 <= node_rank < nnodes:
         raise ValueError(f"bad layout: nnodes={nnodes} nproc_per_node={nproc_per_node} node_rank={node_rank}")
+    rdzv_conf = []
+    if min_nodes is not None and min_nodes < nnodes:
+        # an elastic range: a re-formed group waits this long for more nodes than the minimum, not 30 s
+        rdzv_conf.append(f"last_call_timeout={LAST_CALL_TIMEOUT_S}")
+    if hosts_store is not None:
+        rdzv_conf.append(f"is_host={str(hosts_store).lower()}")
     cmd = [
         python or sys.executable,
         "-m",
@@ -53,12 +62,7 @@ def render_torchrun_command(
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={run_id}",
         f"--max-restarts={max_restarts}",
-        *(
-            # an elastic range: a re-formed group waits this long for more nodes than the minimum, not 30 s
-            [f"--rdzv-conf=last_call_timeout={LAST_CALL_TIMEOUT_S}"]
-            if min_nodes is not None and min_nodes < nnodes
-            else []
-        ),
+        *([f"--rdzv-conf={','.join(rdzv_conf)}"] if rdzv_conf else []),
         "-m",
         "workers.training.run",
         "--config",

@@ -344,7 +344,7 @@ class JobDetail {
       tr.dataset.recovered = f.recovered_at ? "yes" : "no";
       const cells = [
         [f.attempt + (f.restart ? ` · restart ${f.restart}` : ""), ""],
-        [f.kind, ""],
+        [f.kind + (f.node_name ? ` (${f.node_name})` : ""), ""],
         [f.rank ?? "—", "num"],
         [f.step ?? "—", "num"],
         [f.recovered_at ? (f.resumed_from_step ?? "—") + (f.snapshot ? ` (${f.snapshot})` : "") : "recovering…", ""],
@@ -718,10 +718,11 @@ const BADPUT_LABELS = {
 
 // The hover text of a fault marker: what happened, and how it was recovered.
 function describeFault(f) {
-  const what = [f.kind, f.rank != null && `rank ${f.rank}`, f.step != null && `after step ${f.step}`,
+  const what = [f.kind, f.node_name && `node ${f.node_name}`, f.rank != null && `rank ${f.rank}`,
+    f.step != null && `after step ${f.step}`,
     `attempt ${f.attempt}`].filter(Boolean).join(" · ");
   const how = f.recovered_at
-    ? [`RTO ${formatSeconds(f.rto_s)}`, f.steps_lost != null && `${f.steps_lost} step(s) lost`,
+    ? [f.rto_s != null && `RTO ${formatSeconds(f.rto_s)}`, f.steps_lost != null && `${f.steps_lost} step(s) lost`,
       f.resumed_from_step != null && `resumed from step ${f.resumed_from_step}` + (f.snapshot ? ` (${f.snapshot})` : "")]
       .filter(Boolean).join(" · ")
     : "not recovered (yet)";
