@@ -75,6 +75,7 @@ def hot_swap(args, spares: int, work: Path) -> dict:
         "rto_s": fault["rto_s"],
         "rejoin_s": fault["rejoin_s"],
         "heal_s": fault["heal_s"],
+        "step_s_before": fault["step_s_before"],
         "steps_lost": fault["steps_lost"],
         "killed_at_step": fault["step"],
         "rejoined_at_step": fault["rejoined_at_step"],

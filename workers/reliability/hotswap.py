@@ -17,7 +17,10 @@ rank with its own torchft ``Manager``. Every step, each replica
    (torchft's own ``DistributedDataParallel`` crashes the survivor when a kill lands inside its
    all-reduce: the failed future is swallowed and ``assert fut._fut`` fires, measured here, issue 12);
 4. steps the optimizer only if ``Manager.should_commit()`` says so: a step whose all-reduce lost a peer is
-   not committed and is run again in the next quorum, so no step is committed twice or skipped.
+   not committed and is tried again in the next quorum, so no step is committed twice or skipped. The
+   survivors do not compute it again: their local gradients (on their own slices of the step, from the same
+   parameters) are still in ``p.grad`` -- the failed all-reduce worked on a flat copy -- and are what a
+   second forward and backward would give bit for bit; only the all-reduce is repeated, with the new quorum.
 
 The supervisor (this process) fires the faults from outside: ``("kill-replica", s)`` SIGKILLs the target
 replica's process when it reports step ``s`` committed, and starts a replacement at once. The survivors
@@ -383,8 +386,6 @@ class _Supervisor:
             self.attempts[n] = self.attempts.get(n, 0) + 1
             self.procs[n] = proc
             self.assignments.append({"spare": k, "replica": n, "attempt": self.attempts[n], "t_kill": t_kill})
-            if self.spare_count:
-                self.start_spare()  # the next fault finds a warm spare too
             return {"successor": f"spare{k}", "successor_was_ready": warm}
         self.start_replica(n)  # seconds of start-up: it joins after the survivors' recovery anyway
         return {"successor": "fresh process", "successor_was_ready": False}
@@ -400,6 +401,10 @@ class _Supervisor:
             tmp.write_text(json.dumps({"replica": a["replica"], "attempt": a["attempt"]}))
             os.replace(tmp, self.run_dir / f"spare{a['spare']}.assign")
             self.assignments.remove(a)
+            if self.spare_count:
+                # the next fault finds a warm spare too; started now, after the survivors' recovery: a process
+                # importing torch and building the model beside them slowed the step they recover with
+                self.start_spare()
 
     def status(self, n: int) -> dict | None:
         """Replica ``n``'s progress, if it is from the process running now."""
@@ -575,6 +580,7 @@ def _fault_figures(fault: dict, events: dict[int, list[dict]], commits: dict[int
     # quorum was formed before may still commit after the kill, carrying the victim's last gradient.
     after = sorted((e for e in survivors if e["t_compute"] > t_kill), key=lambda e: e["t_commit"])
     first = after[0] if after else None
+    before = sorted(e["t_commit"] - e["t_compute"] for e in survivors if e["t_commit"] < t_kill)
     last_before = max(
         (e["step"] for e in survivors if first is not None and e["t_commit"] < first["t_commit"]),
         default=None,
@@ -599,6 +605,9 @@ def _fault_figures(fault: dict, events: dict[int, list[dict]], commits: dict[int
         "step": fault["step_at_kill"],
         "requested_step": fault["step"],
         "rto_s": round(first["t_commit"] - t_kill, 4) if first else None,
+        # a survivor's step (quorum -> commit) before the kill: the RTO holds at least one of them when the
+        # kill lands between two steps
+        "step_s_before": round(before[len(before) // 2], 4) if before else None,
         "rejoin_s": round(back - t_kill, 4) if back is not None else None,
         "steps_lost": max(0, last_before + 1 - first["step"]) if first and last_before is not None else 0,
         "survivor_next_step": first["step"] if first else None,
@@ -970,6 +979,7 @@ def replica_main(spec_path: Path, replica: int | None, attempt: int = 1, spare: 
 
     step = 0
     quorum = None
+    kept = None  # (step, loss) of local gradients an all-reduce failed on: still in p.grad, still valid
     while True:
         t_start = time.time()
         manager.start_quorum()
@@ -985,7 +995,15 @@ def replica_main(spec_path: Path, replica: int | None, attempt: int = 1, spare: 
         if step >= steps:
             break
         width = manager.num_participants()
-        loss = rep.forward_backward(step)
+        reused = kept is not None and kept[0] == step
+        if reused:
+            # the last attempt at this step lost a peer in its all-reduce: this replica's gradients (on its
+            # slice of the step, from the same parameters) are what running the step again would give, bit
+            # for bit -- all-reduce them with the new quorum instead of computing them again
+            loss = kept[1]
+        else:
+            loss = rep.forward_backward(step)
+        kept = None
         flat = rep.flat_grads(loss)
         manager.allreduce(flat).wait()  # AVG over the quorum; an error is recorded, not raised
         if manager.errored() is None:
@@ -994,6 +1012,8 @@ def replica_main(spec_path: Path, replica: int | None, attempt: int = 1, spare: 
             rep.optimizer.step()
             step = manager.current_step()
             values = {"step": step, "loss": loss_avg, "grad_norm": grad_norm, "participants": width}
+            if reused:
+                values["gradients_reused"] = True
             # the first commit of a new quorum (membership changed: torchft bumps its private quorum id):
             # record the state, so that replicas can be compared right after a rejoin
             quorum_id = getattr(manager, "_quorum_id", None)
@@ -1005,6 +1025,7 @@ def replica_main(spec_path: Path, replica: int | None, attempt: int = 1, spare: 
             report.status("training", quorum_t=t_compute)
         else:
             error = manager.errored()
+            kept = (step, loss)  # flat_grads copied them: p.grad is untouched by the failed all-reduce
             report.event(
                 "failed",
                 step=step,
