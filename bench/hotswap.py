@@ -68,6 +68,7 @@ def hot_swap(args, spares: int, work: Path) -> dict:
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
         spares=spares,
         timeout_s=args.timeout,
+        kill_delay_s=getattr(args, "kill_delay", 0.0),
     )
     (fault,) = out["faults"]
     return {

@@ -110,3 +110,9 @@ def test_bad_input_is_a_value_error_that_says_what_to_change(tmp_path, replicas,
     with pytest.raises(ValueError, match=re.escape(message)):
         run_hot_swap(tiny_job(**strategy), replicas, steps=10, inject=inject, run_dir=tmp_path)
     assert not any(tmp_path.iterdir())  # refused before anything was started
+
+
+def test_a_negative_kill_delay_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match=re.escape("kill_delay_s must be a number >= 0, got -1")):
+        run_hot_swap(tiny_job(), 2, steps=10, inject=[("kill-replica", 3)], run_dir=tmp_path, kill_delay_s=-1)
+    assert not any(tmp_path.iterdir())

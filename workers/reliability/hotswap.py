@@ -206,12 +206,14 @@ def run_hot_swap(
     spares: int = 1,
     threads_per_replica: int = 1,
     python: str | None = None,
+    kill_delay_s: float = 0.0,
 ) -> dict:
     """Train ``cfg`` for ``steps`` committed steps on ``replicas`` data-parallel replicas with hot-swap
     recovery, firing ``inject`` (``[("kill-replica", step), ...]``; each kills ``target``, default the
     last replica, when it reports ``step`` committed, and puts a successor in its place at once: one of
     ``spares`` warm standby processes (started with the replicas, torch imported and the model built, so
-    the successor only heals), else a fresh process). Raises ``ValueError`` for
+    the successor only heals), else a fresh process). ``kill_delay_s``: fire that long after the step is
+    reported instead (a fault inside a step, not on its boundary). Raises ``ValueError`` for
     bad input, :class:`HotSwapError` when the run fails or passes ``timeout_s``.
 
     Returns ``steps replicas faults[{kind replica step rto_s rejoin_s steps_lost ...}] loss_last losses
@@ -228,6 +230,8 @@ def run_hot_swap(
         target=target,
         spares=spares,
     )
+    if not isinstance(kill_delay_s, int | float) or isinstance(kill_delay_s, bool) or kill_delay_s < 0:
+        raise ValueError(f"kill_delay_s must be a number >= 0, got {kill_delay_s!r}")
     from workers.training.supervisor import node_address
 
     host = host or node_address()
@@ -258,7 +262,12 @@ def run_hot_swap(
         sup.start_lighthouse()
         for n in range(replicas):
             sup.start_replica(n)
-        sup.watch([{"kind": kind, "step": step, "replica": target} for kind, step in faults])
+        sup.watch(
+            [
+                {"kind": kind, "step": step, "replica": target, "delay_s": kill_delay_s}
+                for kind, step in faults
+            ]
+        )
     finally:
         sup.stop_all()
     return summarize(
@@ -439,6 +448,9 @@ class _Supervisor:
             for fault in list(pending):
                 s = statuses[fault["replica"]]
                 if s is None or s.get("step") is None or s["step"] < fault["step"]:
+                    continue
+                due = fault.setdefault("due", time.time() + fault.get("delay_s", 0.0))
+                if time.time() < due:
                     continue
                 pid = self.procs[fault["replica"]].pid
                 os.kill(pid, signal.SIGKILL)
