@@ -42,11 +42,15 @@ def job(args, **extra):
 
     model = json.loads(Path(args.model).read_text()) if Path(args.model).exists() else example(args.model)
     strategy = {**example("dp2.json"), "dp": args.replicas}
+    training = example("training.json")
+    if getattr(args, "global_batch", None):  # bench/elastic.py: its own model's batch
+        training = {**training, "global_batch_size": args.global_batch}
+        strategy["micro_batch_size"] = max(1, args.global_batch // args.replicas)
     return JobConfig.from_dict(
         {
             "model": model,
             "strategy": strategy,
-            "training": example("training.json"),
+            "training": training,
             "device": "cpu",
             "steps": args.steps,
             "profile_every": 0,

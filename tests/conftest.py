@@ -44,6 +44,16 @@ def http(method: str, url: str, token: str | None = None, body=None) -> tuple[in
         return e.code, json.loads(e.read() or b"null")
 
 
+def wait_for(predicate, timeout: float, what: str, every: float = 0.3):
+    """Poll ``predicate`` until it returns something truthy (returned), else fail saying what was awaited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 @dataclass
 class Stack:
     """Real daphne + Celery worker + relay processes."""

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack
+from tests.conftest import (
+    database_url_for_children,
+    http,
+    own_redis_db,
+    start_stack,
+    stop_stack,
+    wait_for,
+)
 from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -28,15 +35,6 @@ def _job_body(name: str, steps: int = STEPS) -> dict:
         "device": "cpu",
         "profile_every": 0,
     }
-
-
-def _wait(predicate, timeout: float, what: str, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _train_steps(stream: str) -> list[int]:
@@ -95,21 +93,21 @@ def test_redis_restart_mid_job_keeps_the_app_up_and_every_event(
         )
         assert status == 201, body
         job_id, stream = body["id"], body["stream"]
-        _wait(lambda: len(_train_steps(stream)) >= 20, 180, "20 stored train events")
-        _wait(lambda: TrainingJob.objects.get(pk=job_id).progress > 0, 10, "the job's progress to move")
+        wait_for(lambda: len(_train_steps(stream)) >= 20, 180, "20 stored train events")
+        wait_for(lambda: TrainingJob.objects.get(pk=job_id).progress > 0, 10, "the job's progress to move")
 
         stored_before = max(_train_steps(stream))
         published_before = _last_published_step(redis_url, stream)
         private_redis["restart"](down_s=3.0)
 
-        job = _wait(
+        job = wait_for(
             lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 300, "the job to finish"
         )
         assert job.state == "succeeded", (job.state, job.human_readable_error, stack.log_tail("worker"))
         for name, proc in stack.procs.items():
             assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{stack.log_tail(name)}"
-        assert _wait(lambda: http("GET", stack.base_url + "/healthz")[0] == 200, 60, "/healthz 200")
-        assert _wait(
+        assert wait_for(lambda: http("GET", stack.base_url + "/healthz")[0] == 200, 60, "/healthz 200")
+        assert wait_for(
             lambda: StreamEvent.objects.filter(
                 stream=stream, kind="event", values__state="succeeded"
             ).exists(),
@@ -203,20 +201,22 @@ def test_a_worker_killed_mid_job_leaves_a_failed_relaunchable_job_and_no_ranks(
     )
     assert status == 201, body
     job_id, stream = body["id"], body["stream"]
-    _wait(lambda: len(_train_steps(stream)) >= 5, 180, "the job to train")
+    wait_for(lambda: len(_train_steps(stream)) >= 5, 180, "the job to train")
     config_path = f"jobs/{job_id}/attempt-1/config-node0.json"
     assert _processes_mentioning(config_path), "the ranks should be running"
 
     _kill_and_restart_worker(fragile_stack)
 
-    job = _wait(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the job to settle")
+    job = wait_for(
+        lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the job to settle"
+    )
     assert job.state == "failed" and "stopped answering" in job.human_readable_error
-    assert _wait(lambda: not _processes_mentioning(config_path), 30, "the orphaned ranks to be gone")
+    assert wait_for(lambda: not _processes_mentioning(config_path), 30, "the orphaned ranks to be gone")
 
     # relaunch: one new attempt, one node task for it, and it runs to the end on the new worker
     status, body = http("POST", f"{fragile_stack.base_url}/api/jobs/{job_id}/relaunch/", token, {})
     assert status == 202, body
-    job = _wait(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 300, "the relaunch")
+    job = wait_for(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 300, "the relaunch")
     assert job.state == "succeeded" and job.attempts == 2, (job.state, job.human_readable_error)
     assert JobNode.objects.filter(job_id=job_id, attempt=2).count() == 1
 
@@ -236,7 +236,7 @@ def test_a_worker_killed_mid_search_runs_the_search_again_once(fragile_stack, ma
         status, created = http("POST", fragile_stack.base_url + "/api/searches/", token, body)
         assert status == 201, created
         search_id = created["id"]
-        _wait(
+        wait_for(
             lambda sid=search_id: StrategySearch.objects.get(pk=sid).state != "queued",
             60,
             "the search to start",
@@ -248,7 +248,7 @@ def test_a_worker_killed_mid_search_runs_the_search_again_once(fragile_stack, ma
                 break
     else:
         pytest.skip("the search always finished before the worker could be killed")
-    search = _wait(
+    search = wait_for(
         lambda: (s := StrategySearch.objects.get(pk=search_id)).is_finished and s, 120, "the search to end"
     )
     assert search.state == "succeeded", search.human_readable_error
@@ -362,14 +362,14 @@ def test_a_postgresql_restart_mid_job_loses_nothing(private_postgres):
         assert status == 201, body
         job_id, stream = body["id"], body["stream"]
         count = f"from controlplane.live.models import StreamEvent as E; print(E.objects.filter(stream='{stream}', kind='train').count())"
-        _wait(lambda: int(_django(env, count)) >= 10, 180, "10 stored train events", every=1.0)
+        wait_for(lambda: int(_django(env, count)) >= 10, 180, "10 stored train events", every=1.0)
 
         private_postgres["restart"]()
 
         state = (
             f"from controlplane.jobs.models import TrainingJob as J; print(J.objects.get(pk={job_id}).state)"
         )
-        final = _wait(
+        final = wait_for(
             lambda: (s := _django(env, state)) in {"succeeded", "failed", "cancelled"} and s,
             300,
             "the job to end",
@@ -378,7 +378,7 @@ def test_a_postgresql_restart_mid_job_loses_nothing(private_postgres):
         assert final == "succeeded", stack.log_tail("worker")
         for name, proc in stack.procs.items():
             assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{stack.log_tail(name)}"
-        steps = _wait(
+        steps = wait_for(
             lambda: (n := int(_django(env, count))) >= STEPS and n, 60, "every train event", every=2.0
         )
         assert steps == STEPS
@@ -407,7 +407,9 @@ def test_jobs_queued_behind_a_busy_worker_wait_their_turn_and_are_not_failed(
         stack.wait_healthy()
         # long enough to hold the only slot well past the check below (it is cancelled after it)
         first = http("POST", stack.base_url + "/api/jobs/", token, _job_body("first", steps=20_000))[1]
-        _wait(lambda: TrainingJob.objects.get(pk=first["id"]).state == "running", 120, "the first job to run")
+        wait_for(
+            lambda: TrainingJob.objects.get(pk=first["id"]).state == "running", 120, "the first job to run"
+        )
         status, second = http("POST", stack.base_url + "/api/jobs/", token, _job_body("second", steps=20))
         assert status == 201, second
         time.sleep(10)  # longer than the heartbeat timeout, while the only slot is busy
@@ -416,7 +418,7 @@ def test_jobs_queued_behind_a_busy_worker_wait_their_turn_and_are_not_failed(
         assert TrainingJob.objects.get(pk=first["id"]).state == "running"
         assert http("POST", f"{stack.base_url}/api/jobs/{first['id']}/cancel/", token, {})[0] == 202
         for job_id, expected in ((first["id"], "cancelled"), (second["id"], "succeeded")):
-            job = _wait(
+            job = wait_for(
                 lambda j=job_id: (x := TrainingJob.objects.get(pk=j)).is_finished and x, 400, "the jobs"
             )
             assert job.state == expected, (job.pk, job.state, job.human_readable_error)

@@ -12,7 +12,6 @@ import math
 import os
 import signal
 import subprocess
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from tests.conftest import wait_for
 from workers.training.examples import example
 
 TINY_TRAINING = {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}
@@ -271,15 +271,6 @@ def _start_node_worker(live_stack, name: str) -> subprocess.Popen:
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def _wait(predicate, timeout: float, what: str, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _starts(stream: str) -> list[tuple[int, int]]:
     """(seq, world size) of each start of the ranks (a launch, a restart, a re-formed group)."""
     from controlplane.live.models import StreamEvent
@@ -325,16 +316,16 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
     steps = 60  # the kill comes after step 6: the rest is trained on the node left, however fast
     workers = {name: _start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
     try:
-        _wait(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
+        wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
         r = alice.post("/api/jobs/", _elastic_body(steps), format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
-        _wait(lambda: _training_on(stream, 2, 6), 120, "both nodes to train together")
+        wait_for(lambda: _training_on(stream, 2, 6), 120, "both nodes to train together")
         killed_after = StreamEvent.objects.filter(stream=stream).order_by("-seq")[0].seq
         os.killpg(workers["node-b"].pid, signal.SIGKILL)  # node-b is gone
         workers["node-b"].wait()
         # the relay's reaper calls a node lost after 20 s of silence; this test asks after 8
-        _wait(
+        wait_for(
             lambda: (
                 reap_lost_nodes(stale_after=timedelta(seconds=8))
                 or JobFault.objects.filter(job_id=job_id, kind="node-lost").exists()
@@ -342,7 +333,7 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
             60,
             "node-b to be called lost",
         )
-        job = _wait(
+        job = wait_for(
             lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 180, "the job to end"
         )
     finally:
@@ -377,18 +368,18 @@ def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes
 
     workers = {"node-a": _start_node_worker(live_stack, "node-a")}
     try:
-        _wait(lambda: online_node_queues() == ["node.node-a"], 60, "node-a's worker")
+        wait_for(lambda: online_node_queues() == ["node.node-a"], 60, "node-a's worker")
         r = alice.post("/api/jobs/", _elastic_body(100_000), format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
-        _wait(lambda: _training_on(stream, 1, 4), 120, "node-a to train alone")
+        wait_for(lambda: _training_on(stream, 1, 4), 120, "node-a to train alone")
         from controlplane.live.models import StreamEvent
 
         launching = StreamEvent.objects.get(stream=stream, kind="event", values__state="launching")
         assert "Starting on 1 of its 2 nodes" in launching.values["message"]
         alone = _starts(stream)[-1][0]
         workers["node-b"] = _start_node_worker(live_stack, "node-b")  # capacity comes online
-        _wait(lambda: _training_on(stream, 2, 4, after_seq=alone), 120, "the group to grow to 2 ranks")
+        wait_for(lambda: _training_on(stream, 2, 4, after_seq=alone), 120, "the group to grow to 2 ranks")
         job = TrainingJob.objects.get(pk=job_id)
         nodes = list(job.nodes.filter(attempt=1).values_list("node_rank", "node_name", "state"))
         assert nodes == [(0, "node-a", "running"), (1, "node-b", "running")], nodes
@@ -397,7 +388,7 @@ def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes
             job.faults.values_list("kind", "message")
         )
         alice.post(f"/api/jobs/{job_id}/cancel/")
-        job = _wait(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the cancel")
+        job = wait_for(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the cancel")
     finally:
         stop(list(workers.values()))
     assert job.state == "cancelled" and not job.faults.filter(kind="node-lost").exists()
