@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack
-from tests.integration.test_chaos import _kill_and_restart_worker, _processes_mentioning, _wait
+from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack, wait_for
+from tests.integration.test_chaos import _kill_and_restart_worker, _processes_mentioning
 from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -70,27 +70,29 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
     snapshots = created["config"]["snapshot_dir"]
     assert f"/jobs/{job_id}/snapshots-" in snapshots
     # past its second snapshot, and a few steps more that a resume will train again
-    _wait(lambda: len(_train(stream)) >= 2 * SNAPSHOT_EVERY + 3, 180, "the job to train past two snapshots")
+    wait_for(
+        lambda: len(_train(stream)) >= 2 * SNAPSHOT_EVERY + 3, 180, "the job to train past two snapshots"
+    )
     assert _processes_mentioning(f"jobs/{job_id}/attempt-1/config-node0.json"), "the ranks should be running"
 
     _kill_and_restart_worker(recovering_stack)
 
-    job = _wait(
+    job = wait_for(
         lambda: (j := TrainingJob.objects.get(pk=job_id)).attempts == 2 and j, 60, "the automatic resume"
     )
     assert job.config["resume"] is True and job.restart_budget_from == 1
-    job = _wait(
+    job = wait_for(
         lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 240, "the resumed attempt"
     )
     assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
-    assert _wait(
+    assert wait_for(
         lambda: not _processes_mentioning(f"jobs/{job_id}/attempt-1/"), 30, "the old ranks to be gone"
     )
 
     [fault] = job.faults.all()
     assert (fault.kind, fault.attempt) == ("worker-lost", 1)
     assert "stopped answering" in fault.message
-    _wait(lambda: job.faults.filter(recovered_at__isnull=False).exists(), 30, "the fault to be closed")
+    wait_for(lambda: job.faults.filter(recovered_at__isnull=False).exists(), 30, "the fault to be closed")
     fault.refresh_from_db()
     # resumed from a snapshot's step, at most one interval behind the last step the dead attempt committed
     assert fault.resumed_from_step % SNAPSHOT_EVERY == 0 and fault.resumed_from_step >= SNAPSHOT_EVERY
