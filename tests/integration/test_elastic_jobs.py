@@ -20,9 +20,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from tests.conftest import wait_for
+from tests.integration.test_job_restore_api import TINY_TRAINING
+from tests.integration.test_job_restore_api import job_body as _body
 from workers.training.examples import example
-
-TINY_TRAINING = {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}
 
 
 @pytest.fixture
@@ -33,18 +33,6 @@ def alice(make_member):
     client.user = user
     client.team = user.teams.first()
     return client
-
-
-def _body(**extra) -> dict:
-    return {
-        "name": "elastic",
-        "model": example("tiny-dense.json"),
-        "strategy": {"dp": 2},
-        "training": TINY_TRAINING,
-        "steps": 20,
-        "device": "cpu",
-        **extra,
-    }
 
 
 # --- the API -------------------------------------------------------------------------------------------

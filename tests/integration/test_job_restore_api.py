@@ -209,8 +209,9 @@ def test_the_schema_documents_restore_and_the_recovery_fields(alice):
 # --- submit: the restart policy ------------------------------------------------------------------------
 
 
-def _submit(client, **extra):
-    body = {
+def job_body(**extra) -> dict:
+    """A request for a tiny two-rank CPU job, ``extra`` on top (also used by test_elastic_jobs)."""
+    return {
         "name": "elastic",
         "model": example("tiny-dense.json"),
         "strategy": {"dp": 2},
@@ -219,7 +220,10 @@ def _submit(client, **extra):
         "device": "cpu",
         **extra,
     }
-    return client.post("/api/jobs/", body, format="json")
+
+
+def _submit(client, **extra):
+    return client.post("/api/jobs/", job_body(**extra), format="json")
 
 
 @pytest.mark.parametrize(
