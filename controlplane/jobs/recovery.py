@@ -370,16 +370,9 @@ def resume_after_worker_lost(*, job_id: int, cause: str) -> str:
                 f"it has used its {job.max_restarts} automatic recoveries (max_restarts). Relaunch it to "
                 "resume from its newest good snapshot."
             )
-        last = _last_train_event(job)
         now = timezone.now()
-        fault = JobFault.objects.create(
-            job=job,
-            attempt=job.attempts,
-            restart=max(0, _int_or_none((last.values or {}).get("restart")) or 0) if last else 0,
-            kind=FaultKind.WORKER_LOST,
-            step=last.step if last else None,
-            message=cause,
-            detected_at=now,
+        fault = _fault_at_last_step(
+            job, attempt=job.attempts, kind=FaultKind.WORKER_LOST, message=cause, detected_at=now
         )
         job.nodes.filter(attempt=job.attempts).exclude(state__in=TrainingJob.TERMINAL_STATES).update(
             state=JobState.FAILED, finished_at=now
@@ -398,23 +391,31 @@ def resume_after_worker_lost(*, job_id: int, cause: str) -> str:
 # --- elastic node range: a node lost for good, a node that comes back ----------------------------------
 
 
+def _fault_at_last_step(job: TrainingJob, **fields) -> JobFault:
+    """A fault found from outside the ranks, at the step and torchrun restart of the job's last train event."""
+    last = _last_train_event(job)
+    return JobFault.objects.create(
+        job=job,
+        restart=max(0, _int_or_none((last.values or {}).get("restart")) or 0) if last else 0,
+        step=last.step if last else None,
+        **fields,
+    )
+
+
 def record_node_lost(*, job: TrainingJob, node, message: str) -> JobFault:
     """Node ``node`` of the elastic job's current attempt is gone for good while other nodes go on (inside
     the caller's transaction, the job locked): a ``node-lost`` fault, closed at once (the nodes left re-form
     the group by a torchrun restart, which their own watch records as a rank fault with its recovery)."""
-    last = _last_train_event(job)
     now = timezone.now()
-    fault = JobFault.objects.create(
-        job=job,
+    fault = _fault_at_last_step(
+        job,
         attempt=node.attempt,
-        restart=max(0, _int_or_none((last.values or {}).get("restart")) or 0) if last else 0,
         kind=FaultKind.NODE_LOST,
-        node_rank=node.node_rank,
-        node_name=node.node_name,
-        step=last.step if last else None,
         message=message[:MESSAGE_CHARS],
         detected_at=now,
         recovered_at=now,
+        node_rank=node.node_rank,
+        node_name=node.node_name,
     )
     _event(
         job,
