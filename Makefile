@@ -35,7 +35,7 @@ chromium:
 	fi
 
 test: setup native chromium
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=40
 
 lint: setup
 	$(VENV)/bin/ruff check .
