@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "workers.training.cli",
     "comm-opt": "workers.training.comm.cli",
     "elastic": "workers.reliability.cli",
+    "green": "workers.green.cli",
 }
 
 
