@@ -21,7 +21,9 @@ class Plan:
     """Why it is infeasible; empty when feasible."""
     predicted: dict[str, Any]
     """step_time_s, tokens_per_s, model/hardware TFLOP/s per device, mfu, memory_GiB_per_device,
-    bubble_fraction, comm_s, exposed_comm_s, scaling_efficiency, plus the breakdown extensions."""
+    bubble_fraction, comm_s, exposed_comm_s, scaling_efficiency, plus the breakdown extensions and the
+    optional ``energy`` block (predicted watts per device, kWh per step and per 1M tokens, tokens per kWh;
+    ``workers/planner/energy.py``), absent from plans costed before it existed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .costmodel import RECOMPUTE_CODES, CostModel, GiB, Layouts
+from .energy import device_power_profile, plan_energy
 from .hardware import Efficiency, efficiency_for, profile_origin
 from .plan import NothingFits, Plan, SearchResult
 from .specs import ClusterSpec, ModelSpec, SpecError, Strategy, TrainingConfig
@@ -303,6 +304,7 @@ def _plans(cm: CostModel, flat: Layouts, baseline: float | None, order: str) -> 
     mem = cm.memory(flat)
     tm = cm.timing(flat)
     th = cm.throughput(flat, tm)
+    power = device_power_profile(cm.cluster)
     out = []
     for i in range(len(flat)):
         total = float(mem["total"][i])
@@ -314,7 +316,10 @@ def _plans(cm: CostModel, flat: Layouts, baseline: float | None, order: str) -> 
                 f"needs {total / GiB:.1f} GiB per device; the device has {cm.cluster.device.memory_GiB:g} GiB"
             )
         )
-        out.append(Plan(flat.strategy(i, order), fits, reason, _predicted(cm, i, mem, tm, th, baseline)))
+        predicted = _predicted(cm, i, mem, tm, th, baseline)
+        # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
+        predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
+        out.append(Plan(flat.strategy(i, order), fits, reason, predicted))
     return out
 
 

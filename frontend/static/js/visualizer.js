@@ -162,7 +162,10 @@ export function initSearchPage() {
         h("b", {}, label), ": ", strategyText(plan.strategy), h("br"),
         `${num(p.tokens_per_s)} tokens/s · step ${secs(p.step_time_s)} · MFU ${pct(p.mfu)} · ` +
         `${formatGiB(p.memory_GiB_per_device.total, 1)}/device · bubble ${pct(p.bubble_fraction)} · ` +
-        `exposed comm ${secs(p.exposed_comm_s)}` + (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),
+        `exposed comm ${secs(p.exposed_comm_s)}` +
+        (p.energy?.tokens_per_kwh != null ? ` · ${num(p.energy.tokens_per_kwh)} tokens/kWh, ` +
+          `${num(p.energy.watts_per_device)} W/device (predicted)` : "") +
+        (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),
         h("br"), selectionActions(plan));
       selection.dataset.strategy = strategyText(plan.strategy);
       selection.dataset.planId = plan.id || "";
@@ -224,8 +227,17 @@ export function initSearchPage() {
   function renderPlanTable() {
     const root = document.getElementById("plan-table");
     if (!root) return;
-    const plans = (data.plans || []).slice().sort((a, b) => (a.rank || 1e9) - (b.rank || 1e9) ||
-      (b.predicted?.tokens_per_s || 0) - (a.predicted?.tokens_per_s || 0));
+    // sort: the search's rank (fastest first), or highest tokens/s, or highest predicted tokens/kWh
+    // (predicted.energy, workers/planner/energy.py; plans without it go last)
+    const sortBy = root.dataset.sort || "rank";
+    const tps = (p) => p.predicted?.tokens_per_s || 0;
+    const tpk = (p) => p.predicted?.energy?.tokens_per_kwh ?? -1;
+    const order = {
+      rank: (a, b) => (a.rank || 1e9) - (b.rank || 1e9) || tps(b) - tps(a),
+      tokens_per_s: (a, b) => tps(b) - tps(a) || (a.rank || 1e9) - (b.rank || 1e9),
+      tokens_per_kwh: (a, b) => tpk(b) - tpk(a) || tps(b) - tps(a),
+    }[sortBy] || ((a, b) => (a.rank || 1e9) - (b.rank || 1e9));
+    const plans = (data.plans || []).slice().sort(order);
     const limit = root.dataset.all ? plans.length : 30;
     const body = h("tbody", {}, plans.slice(0, limit).map((p) => {
       const pr = p.predicted || {};
@@ -234,7 +246,9 @@ export function initSearchPage() {
         h("td", {}, p.rank ? `#${p.rank}` : MISSING),
         h("td", {}, h("a", { href: "#", class: "pick-plan", onclick: (e) => { e.preventDefault();
           pick(p.strategy, planLabel(p, `plan ${p.id}`)); } }, strategyText(p.strategy))),
-        h("td", { class: "num" }, num(pr.tokens_per_s)), h("td", { class: "num" }, num(pr.step_time_s, 3)),
+        h("td", { class: "num" }, num(pr.tokens_per_s)),
+        h("td", { class: "num tokens-per-kwh", title: pr.energy?.unavailable || null }, num(pr.energy?.tokens_per_kwh)),
+        h("td", { class: "num" }, num(pr.step_time_s, 3)),
         h("td", { class: "num" }, pct(pr.mfu)), h("td", { class: "num" }, num(pr.memory_GiB_per_device?.total, 1)),
         h("td", { class: "num" }, pct(pr.bubble_fraction)), h("td", { class: "num" }, num(pr.exposed_comm_s, 3)),
         h("td", {}, p.in_pareto ? "✓" : ""), h("td", {}, p.source || ""),
@@ -243,9 +257,14 @@ export function initSearchPage() {
     const compare = h("button", { type: "button", class: "compare" }, "Compare the two checked");
     const more = plans.length > limit ? h("button", { type: "button", class: "link", onclick: () => {
       root.dataset.all = "1"; renderPlanTable(); } }, `show all ${plans.length}`) : null;
+    const sort = h("select", { class: "plan-sort", "aria-label": "sort plans by", onchange: (e) => {
+      root.dataset.sort = e.target.value; renderPlanTable(); } },
+      [["rank", "rank (fastest first)"], ["tokens_per_s", "tokens/s"], ["tokens_per_kwh", "tokens/kWh (predicted)"]]
+        .map(([v, t]) => h("option", { value: v, selected: v === sortBy }, t)));
     root.replaceChildren(
-      h("table", { class: "compact" }, h("thead", {}, h("tr", {}, ["diff", "rank", "strategy", "tokens/s", "step s", "MFU",
-        "mem GiB", "bubble", "exp. comm s", "Pareto", "source", ""].map((t) => h("th", {}, t)))), body),
+      h("div", { class: "inline" }, h("label", {}, "sort by ", sort)),
+      h("table", { class: "compact" }, h("thead", {}, h("tr", {}, ["diff", "rank", "strategy", "tokens/s", "tokens/kWh",
+        "step s", "MFU", "mem GiB", "bubble", "exp. comm s", "Pareto", "source", ""].map((t) => h("th", {}, t)))), body),
       h("div", { class: "inline" }, compare, more, h("span", { class: "muted compare-hint" },
         "check two plans to compare them in the diff view")));
     compare.addEventListener("click", () => {

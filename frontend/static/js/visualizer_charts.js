@@ -358,7 +358,10 @@ const FIGURES = [["step_time_s", "step time (s)", 3], ["tokens_per_s", "tokens/s
                  ["comm_s.cp", "· CP comm (s)", 3], ["compute_s", "compute (s)", 3], ["bubble_s", "bubble (s)", 3],
                  ["optimizer_s", "optimizer (s)", 3], ["num_micro_batches", "micro-batches per replica", 0],
                  ["comm_volume_GB_per_device", "communication volume (GB/device)", 1],
-                 ["scaling_efficiency", "scaling efficiency", 3]];
+                 ["scaling_efficiency", "scaling efficiency", 3],
+                 ["energy.watts_per_device", "power per device (W, predicted)", 0],
+                 ["energy.kwh_per_1m_tokens", "kWh per 1M tokens (IT, predicted)", 3],
+                 ["energy.tokens_per_kwh", "tokens per kWh (IT, predicted)", 0]];
 
 function dig(obj, path) { return path.split(".").reduce((o, k) => (o == null ? undefined : o[k]), obj); }
 
