@@ -123,6 +123,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         DATABASES["default"]["TEST"] = {"NAME": test_name}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --- green training ------------------------------------------------------------------------------------
+# The grid zone a job's energy is turned into carbon for, unless its request says otherwise: GB's shipped
+# 2020 history (labelled "history used as a stand-in") when no live provider is configured
+# (workers/green/providers.py: ELECTRICITYMAPS_TOKEN, WATTTIME_USERNAME/PASSWORD, CANN_TRAIN_UK_CARBON_INTENSITY).
+GREEN_DEFAULT_ZONE = os.environ.get("CANN_TRAIN_GRID_ZONE", "GB")
+
+
 # --- redis, celery, channels ----------------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # seconds a request waits for Redis before it gives up and answers 503

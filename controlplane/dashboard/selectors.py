@@ -7,7 +7,8 @@ from django.db.models import Max
 
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
-from controlplane.jobs.selectors import job_rows
+from controlplane.green.selectors import team_energy
+from controlplane.jobs.selectors import job_rows, jobs_of
 from controlplane.live.models import StreamEvent
 from controlplane.planning.models import StoredModelSpec, StrategySearch
 
@@ -46,6 +47,8 @@ def dashboard_overview(user) -> dict:
         "searches": searches,
         "lists": {"jobs": [row.as_dict() for row in jobs], "searches": searches, "recent": RECENT},
         "teams": teams_of(user),
+        # energy and carbon of every job of the user's teams (summed from their energy events)
+        "green": team_energy(jobs_of(user)),
         "clusters": scoped(Cluster.objects.all(), user),
         "models": scoped(StoredModelSpec.objects.all(), user),
     }

@@ -143,6 +143,12 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     faults = serializers.SerializerMethodField(help_text="every attempt's faults, oldest first")
     snapshots = serializers.SerializerMethodField(help_text="the snapshots its ranks published, newest first")
     goodput = serializers.SerializerMethodField()
+    energy = serializers.SerializerMethodField(
+        help_text="energy, carbon and cost so far, summed over attempts (kwh with PUE, kwh_it, kgco2e "
+        "location-based, kgco2e_market, cost, tokens, tokens_per_kwh), the power now, the intensity in force "
+        "(provider, zone, kind) and the meter (method; estimate true when not measured); null before the "
+        "first sample"
+    )
     elastic_index = serializers.SerializerMethodField(
         help_text="ETI = scaling efficiency x goodput x device utilisation (each factor with its inputs, null "
         "with the reason when unknown) and the maturity level L0-L5 with each criterion met or not"
@@ -184,6 +190,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "faults",
             "snapshots",
             "goodput",
+            "energy",
             "elastic_index",
             "created_at",
             "started_at",
@@ -202,6 +209,12 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     @extend_schema_field(GoodputSerializer(allow_null=True))
     def get_goodput(self, job) -> dict | None:
         return job.goodput
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_energy(self, job) -> dict | None:
+        from controlplane.green.selectors import job_energy
+
+        return job_energy(job)
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_elastic_index(self, job) -> dict:
@@ -308,6 +321,21 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         help_text="faults to inject (tests, demos): kill-rank@step=17,hang-rank@step=40:rank=1,"
         "corrupt-snapshot@step=30",
     )
+
+    energy = serializers.JSONField(
+        required=False,
+        help_text="energy and carbon metering: {zone (grid zone, e.g. GB, DE, FR), pue, pue_source, tdp_watts, "
+        "device_name, market_factor_g_per_kwh, market_factor_source, price_per_kwh, currency, price_source, "
+        "every (steps between samples), enabled}; all optional, the zone defaults to the deployment's",
+    )
+
+    def validate_energy(self, value):
+        from workers.green.job import check_energy_settings
+
+        problems = check_energy_settings(value)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value
 
     def validate(self, attrs):
         for key in ("model", "plan", "strategy", "training"):

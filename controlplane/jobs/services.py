@@ -113,6 +113,7 @@ RUN_OPTIONS = (
     "snapshot_keep",
     "snapshot_memory_every",
     "inject",
+    "energy",
 )
 
 
@@ -137,6 +138,8 @@ def job_config_of(
         "device": device,
     }
     config.update({k: v for k, v in options.items() if k in RUN_OPTIONS and v is not None})
+    # energy and carbon are metered for every job: the deployment's grid zone unless the request names one
+    config["energy"] = {"zone": settings.GREEN_DEFAULT_ZONE, **(config.get("energy") or {})}
     if source_plan is not None:
         link = (source_plan.cluster_doc or {}).get("inter_node") or {}
         if link.get("bandwidth_GBps"):

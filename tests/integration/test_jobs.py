@@ -101,6 +101,22 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client):
     history = alice_client.get(f"/api/jobs/{job.pk}/events/").json()
     assert [e["seq"] for e in history] == sorted(e["seq"] for e in history)
     assert processes_of(job.pk) == []
+    # energy and carbon, metered as the job ran: an estimate here (no RAPL, no GPU), labelled so; carbon
+    # from the deployment's zone (GB) through its shipped 2020 history, labelled as a stand-in
+    energy = [e for e in history if e["kind"] == "energy"]
+    assert [e["step"] for e in energy] == [5, 6]  # every 5 steps, and once after the last
+    totals = alice_client.get(f"/api/jobs/{job.pk}/").json()["energy"]
+    assert totals["kwh"] > totals["kwh_it"] > 0 and totals["pue"] == 1.58  # the cited default PUE
+    assert totals["estimate"] is True and totals["method"] == "estimate" and "estimate" in totals["label"]
+    assert totals["kgco2e"] > 0 and totals["kgco2e_market"] is None and totals["cost"] is None
+    assert totals["intensity"]["provider"] == "history" and totals["intensity"]["zone"] == "GB"
+    assert totals["intensity"]["kind"] == "history" and totals["intensity"]["g_per_kwh"] > 0
+    assert totals["tokens"] == 6 * job.measured["tokens_per_step"]
+    assert totals["tokens_per_kwh"] == pytest.approx(totals["tokens"] / totals["kwh_it"])
+    # carbon = each interval's energy x the intensity in force: between the lowest and highest value
+    i = totals["intensity"]["g_per_kwh"]
+    assert totals["kgco2e"] == pytest.approx(totals["kwh"] * i / 1000, rel=0.5)
+    assert job.measured["energy"]["results"]["kwh"]["facility"] == pytest.approx(totals["kwh"])
 
 
 def test_invalid_job_is_a_400_naming_the_field(live_stack, alice_client):

@@ -10,12 +10,13 @@ per source weighted by IPCC SRREN Annex II life-cycle emission factors.
 
 from __future__ import annotations
 
-import csv
 import functools
-from datetime import datetime
+from datetime import UTC
 from pathlib import Path
 
-from workers.green.series import IntensitySeries, as_utc
+import numpy as np
+
+from workers.green.series import IntensitySeries
 
 DATA = Path(__file__).resolve().parent / "data" / "carbon_intensity"
 SOURCE = (
@@ -31,11 +32,15 @@ def load_history(zone: str) -> IntensitySeries:
     key = zone.upper()
     if key not in ZONES:
         raise ValueError(f"no shipped history for zone {zone!r}; shipped: {', '.join(sorted(ZONES))}")
-    times, values = [], []
-    with (DATA / ZONES[key]).open(newline="") as f:
-        for row in csv.DictReader(f):
-            times.append(as_utc(datetime.fromisoformat(row["Time"])))
-            values.append(float(row["Carbon Intensity"]))
+    # numpy parses the 22k-37k timestamps in C: every training job's rank 0 loads a zone at start-up
+    # (0.25-0.8 s with csv + datetime.fromisoformat per row, ~0.05 s this way)
+    lines = (DATA / ZONES[key]).read_text().splitlines()
+    if lines[0].strip() != "Time,Carbon Intensity":
+        raise ValueError(f"{ZONES[key]}: unexpected header {lines[0]!r}")
+    stamps, numbers = zip(*(line.split(",") for line in lines[1:] if line.strip()), strict=True)
+    naive = np.array(stamps, dtype="datetime64[us]").tolist()
+    times = [t.replace(tzinfo=UTC) for t in naive]
+    values = np.array(numbers, dtype=float).tolist()
     return IntensitySeries(
         provider="history", zone=key, kind="history", times=tuple(times), values=tuple(values), source=SOURCE
     )

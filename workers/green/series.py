@@ -20,6 +20,8 @@ UNIT = "gCO2e/kWh"
 
 def as_utc(t: datetime) -> datetime:
     """An aware UTC datetime; a naive one is taken as UTC (the shared history files carry no zone)."""
+    if t.tzinfo is UTC:
+        return t
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 

@@ -229,6 +229,11 @@ class JobConfig:
     resume_from: str | None = None
     """Continue from exactly this snapshot (``step-00000020``; a restore): it must verify, and the newer ones
     are set aside as ``<name>.superseded``. Implies ``resume``."""
+    energy: dict | None = None
+    """Energy and carbon metering (``workers.green.job``): ``{"zone": "GB", "pue": ..., "pue_source": ...,
+    "tdp_watts": ..., "device_name": ..., "price_per_kwh": ..., "currency": ..., "every": 5, ...}``, all
+    optional; ``{"enabled": false}`` turns it off. Rank 0 publishes ``energy`` events with running kWh and
+    kgCO2e (an estimate where no meter exists, labelled so)."""
     inject: str | None = None
     """Faults to inject (tests, benches, demos): ``kill-rank@step=17,hang-rank@step=40:rank=1,...``
     (:mod:`workers.reliability.faults`). Read by the supervisor that watches the ranks, never by them."""
@@ -387,6 +392,12 @@ class JobConfig:
             )
         if kwargs.get("snapshot_dir") is not None and not isinstance(kwargs["snapshot_dir"], str):
             raise ConfigError("snapshot_dir", f"must be a path, got {kwargs['snapshot_dir']!r}")
+        if kwargs.get("energy") is not None:
+            from workers.green.job import check_energy_settings
+
+            problems = check_energy_settings(kwargs["energy"])
+            if problems:
+                raise ConfigError({"energy": problems})
         if kwargs.get("job_id") is not None:
             kwargs["job_id"] = str(kwargs["job_id"])
             if not kwargs["job_id"].isdigit():

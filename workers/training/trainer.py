@@ -35,6 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from workers.green.job import JobEnergy
 from workers.reliability.progress import ProgressWriter, process_start_unix, restart_count
 from workers.training import device as device_mod
 from workers.training import system_metrics
@@ -183,6 +184,19 @@ class Trainer:
         self.flops_per_token = flops_per_token(cfg.model)
         publishing = cfg.publish and cfg.job_id is not None and cfg.redis_url and rank == 0
         self.publisher = EventPublisher(cfg.redis_url, cfg.job_id) if publishing else NullPublisher()
+        self.energy = None
+        if (cfg.energy or {}).get("enabled", True):
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+            count = max(1, self.device_choice.count) if self.device.type != "cpu" else 1
+            self.energy = JobEnergy(
+                cfg.energy,
+                device_kind=self.device.type,
+                device_indices=sorted({r % count for r in range(local_world)}),
+                rank=rank,
+                world_size=world_size,
+                local_rank=local_rank,
+                under_torchrun="TORCHELASTIC_RUN_ID" in os.environ,
+            )
         self.last_split = None
         self.publish_seconds = 0.0
         """Training-thread time spent building and handing over ``train`` events (the overhead bench)."""
@@ -428,6 +442,8 @@ class Trainer:
         if self.progress is not None:
             self.progress.update("training", self.step)
         first = self.step + 1
+        if self.energy is not None:
+            self.energy.start(self.device)
         started = self._started_values()
         self.publisher.submit("event", started, step=self.step)
         self._print(
@@ -468,6 +484,7 @@ class Trainer:
                     values = self._train_values(result, bubble) | ranks
                     self.publisher.submit("train", values, step=result.step)
                     self.publish_seconds += time.perf_counter() - t_pub
+                self._publish_energy(result.step)
                 now = time.monotonic()
                 if now - last_print >= LOG_EVERY_S or result.step in (first, end):
                     last_print = now
@@ -479,6 +496,7 @@ class Trainer:
             )
             self.publisher.close()
             raise
+        self._publish_energy(self.step, final=True)
         if self.progress is not None:
             self.progress.update("finishing")
         if self.snapshots is not None:
@@ -493,6 +511,19 @@ class Trainer:
         )
         self.publisher.close()
         return summary
+
+    def _publish_energy(self, step: int, *, final: bool = False) -> None:
+        """Every rank after every step (a collective on sampling steps): rank 0 publishes an ``energy`` event
+        with the job's running kWh and kgCO2e since this attempt started."""
+        if self.energy is None:
+            return
+        tokens = self.tokens_per_step * (step - self.cfg.start_step)
+        if final:
+            values = self.energy.finish(step, tokens, self.device)
+        else:
+            values = self.energy.sample(step, tokens, self.device)
+        if values is not None and self.rank == 0:
+            self.publisher.submit("energy", {"attempt": self.attempt, **values}, step=step)
 
     def _print(self, line: str) -> None:
         """A line of the job's log (rank 0 only; the node supervisor streams it to the job page)."""
@@ -617,6 +648,8 @@ class Trainer:
             out["publish_s"] = self.publish_seconds
         out["bucket_cap_mb"] = self.pm.bucket_cap_mb
         out.update(self._snapshot_summary())
+        if self.energy is not None and self.energy.summary() is not None:
+            out["energy"] = self.energy.summary()
         if self.cfg.comm_hook:
             out["comm_hook"] = self.cfg.comm_hook
         measured = [r.comm for r in steady if r.comm is not None]
@@ -1006,6 +1039,8 @@ class Trainer:
         threads: a rank that raised may leave others inside a collective, and destroying groups then
         deadlocks (torchtitan#1342); torchrun stops the other ranks anyway."""
         self.publisher.close()
+        if self.energy is not None:
+            self.energy.close()
         if self.progress is not None:
             self.progress.close()
         for st in self.pm.comm_states:
