@@ -14,6 +14,7 @@ from controlplane.common import errors
 from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
 from controlplane.dashboard.views import dashboard
+from controlplane.green.views import green_index
 from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
 
@@ -36,6 +37,7 @@ api_patterns = [
     path("tokens/<id:pk>/", TokenRevokeApi.as_view(), name="token-revoke"),
     path("plans/evaluate/", EvaluateApi.as_view(), name="plan-evaluate"),
     path("green/", include("controlplane.green.urls")),
+    path("certificates/", include("controlplane.green.certificate_urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
@@ -53,6 +55,7 @@ urlpatterns = [
     path("tokens/<id:pk>/revoke/", account_views.token_revoke_view, name="token-revoke"),
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
+    path("green/", green_index, name="green"),
     path("healthz", healthz, name="healthz"),
     path("api/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),

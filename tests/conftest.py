@@ -31,17 +31,25 @@ def database_url_for_children() -> str:
 
 
 def http(method: str, url: str, token: str | None = None, body=None) -> tuple[int, object]:
-    """A real HTTP call (JSON in, JSON out) with optional token auth."""
+    """A real HTTP call (JSON in, JSON out; another content type comes back as bytes) with optional token
+    auth."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Token {token}"
     data = json.dumps(body).encode() if isinstance(body, dict | list) else body
+
+    def decoded(response) -> object:
+        raw = response.read()
+        if "json" not in (response.headers.get("Content-Type") or "json"):
+            return raw  # a PDF download
+        return json.loads(raw or b"null")
+
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read() or b"null")
+            return r.status, decoded(r)
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        return e.code, decoded(e)
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.3):

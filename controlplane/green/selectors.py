@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controlplane.accounts.selectors import scoped
+from controlplane.green.models import GreenSchedule
 from controlplane.live.models import StreamEvent
 
 # the running totals of an energy event that add up over attempts
@@ -85,3 +87,35 @@ def team_energy(jobs) -> dict:
         "estimated_jobs": sum(1 for t in per.values() if t.get("estimate")),
         "tokens": sum(t.get("tokens") or 0 for t in per.values()),
     }
+
+
+# --- carbon-aware schedules (the knowledge base of green schedules) -----------------------------------
+
+
+def schedules_of(user):
+    """The schedules of the user's teams, newest first."""
+    return scoped(GreenSchedule.objects.select_related("team", "created_by"), user)
+
+
+def schedule_of(user, pk: int):
+    """One schedule of the user's teams; None for another team's (it looks exactly like no schedule)."""
+    return schedules_of(user).filter(pk=pk).first()
+
+
+def schedules_holding_power(*, team, zone: str, start, end):
+    """The team's stored schedules in ``zone`` whose chosen slots reach into ``[start, end)``: the power a
+    site cap shares with a new request (a site draws from one grid zone, so other zones' jobs are elsewhere)."""
+    return GreenSchedule.objects.filter(team=team, zone__iexact=zone, start__lt=end, end__gt=start).order_by(
+        "start", "id"
+    )
+
+
+def live_intensity_providers(env) -> dict:
+    """Which live carbon-intensity providers this deployment has switched on (``workers.green.providers``),
+    for the page to say where a zone's figures will come from: ``{"providers": [...], "problem": str}``."""
+    from workers.green.providers import configured_providers
+
+    try:
+        return {"providers": [type(p).__name__ for p in configured_providers(env)], "problem": ""}
+    except ValueError as e:  # a half-done configuration: the schedule request would say the same
+        return {"providers": [], "problem": str(e)}

@@ -28,6 +28,7 @@ from controlplane.common.documents import (
     StrictFieldsMixin,
     TrainingDocumentField,
 )
+from controlplane.green.certificate_apis import CertificateRowSerializer
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
 from controlplane.jobs.models import (
@@ -556,6 +557,26 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data.is_valid(raise_exception=True)
         job = job_restore(job=job, snapshot=data.validated_data["snapshot"])
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: CertificateRowSerializer,
+            201: CertificateRowSerializer,
+            409: error_response(409, "The job has not succeeded, or it has no energy summary to report."),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def certificate(self, request, pk=None):
+        """Issue the job's energy and carbon report (PDF and document with a verification code), or answer
+        the one issued before (200). The job must have succeeded with energy metering on."""
+        from controlplane.green.certificates import certificate_issue
+
+        report, created = certificate_issue(job=self.get_object(), user=request.user)
+        return Response(
+            CertificateRowSerializer(report).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
 
     @extend_schema(request=ProbeSerializer, responses={202: ProbeAcceptedSerializer})
     @action(detail=True, methods=["post"])

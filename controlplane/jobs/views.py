@@ -48,6 +48,7 @@ def job_detail(request, pk: int):
             "strategy": selectors.strategy_short((job.config or {}).get("strategy")),
             "policy": selectors.restart_policy(job),
             "elastic_index": selectors.elastic_index(job),
+            "certificate": getattr(job, "certificate", None),
             # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
             "prediction_caveat": (
                 ((job.plan or {}).get("predicted") or {}).get("efficiency_profile") or {}

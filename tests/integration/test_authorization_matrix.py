@@ -33,6 +33,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 MISSING = 987_654_321  # an id no object has
 TINY_TRAINING = {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}
+# a carbon-aware schedule on the shipped GB history (controlplane.green)
+GREEN_JOB = {"zone": "GB", "now": "2020-06-01T18:00:00Z", "duration_h": 4, "power_kw": 10, "deadline_h": 24}
 
 
 @dataclass
@@ -189,6 +191,20 @@ API: dict[tuple[str, str], Op] = {
         "job", body=lambda w: {"steps": 2}, own=frozenset({201, 400})
     ),
     ("POST", "/api/jobs/{id}/comm-compare/{comparison_id}/cancel/"): Op("job", own=ACCEPTED),
+    ("GET", "/api/green/schedules/"): Op(lists=True),
+    ("POST", "/api/green/schedules/"): Op(
+        body=lambda w: GREEN_JOB, own=CREATED, ref=("team", lambda w, team: {**GREEN_JOB, "team": team})
+    ),
+    ("GET", "/api/green/schedules/{id}/"): Op("green-schedule"),
+    ("DELETE", "/api/green/schedules/{id}/"): Op("spare-green-schedule", own=GONE),
+    # energy and carbon reports: the succeeded job has one (a POST answers it), found by its code
+    ("POST", "/api/jobs/{id}/certificate/"): Op("job"),
+    ("GET", "/api/certificates/"): Op(lists=True),
+    ("GET", "/api/certificates/{code}/"): Op("certificate"),
+    ("GET", "/api/certificates/{code}/pdf"): Op("certificate"),
+    ("GET", "/api/certificates/{code}/verify"): Op("certificate"),
+    # a JSON body carries no PDF: refused past the report's lookup (415), as a file-less form would be (400)
+    ("POST", "/api/certificates/{code}/verify"): Op("certificate", own=frozenset({400, 415})),
 }
 # the OpenAPI schema and its viewers: any signed-in user, no team objects
 DOCS = {("GET", "/api/schema/"), ("GET", "/api/docs/"), ("GET", "/api/redoc/")}
@@ -218,6 +234,7 @@ PAGES: dict[str, Page] = {
     "search-detail": Page("/planning/searches/{search}/", bob="404"),
     "plan-diff": Page("/planning/plans/diff/?a={plan}&b={plan}", bob="404"),
     "plan-detail": Page("/planning/plans/{plan}/", bob="404"),
+    "green": Page("/green/"),
 }
 PUBLIC = {"login", "logout", "healthz"}  # open to anyone by design
 
@@ -235,10 +252,14 @@ class World:
 
 @pytest.fixture
 def world(live_stack, make_member, token_for) -> World:
+    from datetime import datetime
+
     from django.utils import timezone
 
     from controlplane.accounts.services import token_issue
     from controlplane.clusters.models import Cluster, HardwareProfile
+    from controlplane.green import services as green_services
+    from controlplane.green.models import GreenCertificate
     from controlplane.jobs import services as job_services
     from controlplane.jobs.models import CommComparison, JobSnapshot, TrainingJob
     from controlplane.live.models import StreamEvent
@@ -326,6 +347,23 @@ def world(live_stack, make_member, token_for) -> World:
     for i in range(job_services.MAX_ACTIVE_JOBS_PER_TEAM):
         job(f"waiting {i}", "queued")
     objects["token"] = token_issue(user=alice, name="alice spare token")[0].pk
+    for prefix in ("", "spare-"):
+        objects[prefix + "green-schedule"] = green_services.schedule_create(
+            **{**GREEN_JOB, "now": datetime.fromisoformat(GREEN_JOB["now"])},
+            team=team,
+            created_by=alice,
+            name=f"{prefix}alice schedule",
+            env={},
+        ).pk
+    objects["certificate"] = GreenCertificate.objects.create(  # as issued (its figures play no part here)
+        team=team,
+        job_id=objects["job"],
+        code="AAAA-BBBB-CCCC-DDDD-EEEE",
+        digest="0" * 64,
+        issued_at=timezone.now(),
+        document={"issued_at": timezone.now().replace(microsecond=0).isoformat(), "results": {}},
+        pdf=b"%PDF-1.7",
+    ).code
     return World(
         base_url=live_stack.base_url,
         ws_url=live_stack.ws_url,
@@ -377,7 +415,7 @@ def test_every_api_operation_is_team_scoped(world):
     problems = []
     for (method, path), op in sorted(API.items(), key=lambda item: (item[0][1], item[0][0])):
         body = op.body(world) if callable(op.body) else (None if method in ("GET", "DELETE") else {})
-        ids = {"id": world.objects[op.obj]} if op.obj else {}
+        ids = {("code" if "{code}" in path else "id"): world.objects[op.obj]} if op.obj else {}
         if "{comparison_id}" in path:
             ids["comparison_id"] = world.objects["comparison"]
         url = url_of(path, world, ids)
@@ -392,7 +430,8 @@ def test_every_api_operation_is_team_scoped(world):
                 http(method, url, world.tokens["bob"], body),
                 http(method, missing, world.tokens["bob"], body),
             )
-            if theirs[0] != 404 or not _same(theirs, nothing, ids["id"], MISSING):
+            mine = next(iter(ids.values()))
+            if theirs[0] != 404 or not _same(theirs, nothing, mine, MISSING):
                 problems.append(f"bob {method} {path} on team A's {op.obj}: {theirs} (missing id: {nothing})")
         if op.ref:  # bob naming team A (or its object) in a body: refused like a name that does not exist
             kind, make = op.ref
@@ -429,6 +468,7 @@ def _items(answer) -> list[dict]:
 def _team_a_ids(path: str, world: World) -> set[int]:
     from controlplane.accounts.models import ApiToken, Team
     from controlplane.clusters.models import Cluster, HardwareProfile
+    from controlplane.green.models import GreenCertificate, GreenSchedule
     from controlplane.jobs.models import TrainingJob
     from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 
@@ -441,6 +481,8 @@ def _team_a_ids(path: str, world: World) -> set[int]:
         "plans": StoredPlan,
         "searches": StrategySearch,
         "jobs": TrainingJob,
+        "green": GreenSchedule,
+        "certificates": GreenCertificate,
     }[path.split("/")[2]]
     if model is ApiToken:
         return set(ApiToken.objects.filter(user=world.users["alice"]).values_list("pk", flat=True))

@@ -3,6 +3,7 @@ a killed worker, and two workers acting as two nodes on loopback."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -117,6 +118,52 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client):
     i = totals["intensity"]["g_per_kwh"]
     assert totals["kgco2e"] == pytest.approx(totals["kwh"] * i / 1000, rel=0.5)
     assert job.measured["energy"]["results"]["kwh"]["facility"] == pytest.approx(totals["kwh"])
+    check_energy_report(alice_client, job)
+
+
+def check_energy_report(client, job) -> None:
+    """The job's energy and carbon report: issued once, a PDF that shows its code and the estimate label,
+    verified from the stored measurements; an altered stored figure or an altered PDF fails verification."""
+    from pypdf import PdfReader
+
+    from controlplane.green.certificate_models import GreenCertificate
+    from workers.green.certificate import render_pdf
+
+    r = client.post(f"/api/jobs/{job.pk}/certificate/")
+    assert r.status_code == 201, r.content
+    row = r.json()
+    assert row["job"] == job.pk and row["estimate"] is True and row["kwh"] > 0 and row["kgco2e"] > 0
+    again = client.post(f"/api/jobs/{job.pk}/certificate/")
+    assert again.status_code == 200 and again.json()["code"] == row["code"]  # issued once
+    assert [c["code"] for c in client.get("/api/certificates/").json()] == [row["code"]]
+    pdf = client.get(row["pdf_url"])
+    assert pdf.status_code == 200 and pdf["Content-Type"] == "application/pdf"
+    data = b"".join(pdf.streaming_content) if pdf.streaming else pdf.content
+    text = "\n".join(p.extract_text() for p in PdfReader(io.BytesIO(data)).pages)
+    assert row["code"] in text and "estimate" in text.lower() and job.name in text
+    ok = client.get(row["verify_url"]).json()
+    assert ok["valid"] and ok["code_matches"] and ok["figures_match"] and ok["mismatches"] == [], ok
+    # a code typed in lower case with spaces finds the same report
+    assert client.get(f"/api/certificates/{row['code'].lower().replace('-', ' ')}/").status_code == 200
+    upload = client.post(row["verify_url"], {"file": io.BytesIO(data)}, format="multipart")
+    assert upload.status_code == 200 and upload.json()["valid"], upload.content
+    # a PDF printed from an altered document fails against the stored one
+    report = GreenCertificate.objects.get(job=job)
+    forged = {**report.document, "results": {**report.document["results"], "kgco2e_location": 0.0000001}}
+    bad_pdf = io.BytesIO(render_pdf(forged))
+    bad_pdf.name = "forged.pdf"
+    forged_check = client.post(row["verify_url"], {"file": bad_pdf}, format="multipart").json()
+    assert not forged_check["valid"] and "results.kgco2e_location" in [
+        m["field"] for m in forged_check["pdf"]["mismatches"]
+    ]
+    junk = client.post(row["verify_url"], {"file": io.BytesIO(b"not a pdf")}, format="multipart")
+    assert junk.status_code == 400 and "PDF" in str(junk.json())
+    # an altered stored figure fails: against the measurements and the code
+    report.document = forged
+    report.save(update_fields=["document"])
+    tampered = client.get(row["verify_url"]).json()
+    assert not tampered["valid"] and not tampered["code_matches"] and not tampered["figures_match"]
+    assert "results.kgco2e_location" in [m["field"] for m in tampered["mismatches"]]
 
 
 def test_invalid_job_is_a_400_naming_the_field(live_stack, alice_client):

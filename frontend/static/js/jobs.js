@@ -631,6 +631,7 @@ class JobDetail {
     if (queued && state !== "queued" && state !== "launching") queued.hidden = true;
     this.el("cancel-button").hidden = TERMINAL.has(state);
     this.el("relaunch-button").hidden = !(state === "failed" || state === "cancelled");
+    this.el("report-button").hidden = state !== "succeeded";
     if (!TERMINAL.has(state)) this.el("cancel-button").disabled = false;
     this.waiting();
     if (this.el("snapshot-table")) this.renderSnapshots();  // restore: only once the job has ended
@@ -753,6 +754,24 @@ class JobDetail {
       this.el("job-attempts").textContent = r.body.attempts;
       this.el("job-error").hidden = true;
       this.figures();
+    });
+    // the energy and carbon report: issued on the first click (or the one issued before), then downloaded
+    const report = this.el("report-button");
+    report.addEventListener("click", async () => {
+      report.disabled = true;
+      this.showActionError("");
+      const r = await postJSON(`${this.page.api}certificate/`);
+      report.disabled = false;
+      if (!r.ok) { this.showActionError(failureLines(r, "the report could not be issued").join(" ")); return; }
+      const code = this.el("report-code");
+      code.replaceChildren("code ", Object.assign(document.createElement("code"), { textContent: r.body.code }), " · ",
+        Object.assign(document.createElement("a"), { href: r.body.verify_url, textContent: "verify (JSON)" }));
+      code.dataset.code = r.body.code;
+      report.textContent = "Download the energy and carbon report (PDF)";
+      const a = Object.assign(document.createElement("a"), { href: r.body.pdf_url, download: "" });
+      document.body.append(a);
+      a.click();
+      a.remove();
     });
     // "Restore from this snapshot": a new attempt continues from exactly that snapshot
     this.el("snapshot-table").addEventListener("click", async (ev) => {

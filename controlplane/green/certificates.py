@@ -1,0 +1,148 @@
+"""Energy and carbon reports of finished jobs: issue one (services), read and verify them (selectors).
+
+A report is built by the engine (``workers.green.certificate``) from what the control plane stored for the
+job: the run summary's ``energy`` block (the finished attempt's :meth:`EnergyAccount.summary`) and the energy
+events of every attempt (:func:`controlplane.green.selectors.job_energy`). Verification rebuilds the report
+from the job's stored measurements as they are now, with the report's own issue time and schedule, and
+compares it field by field with the stored document; the HMAC over the document (the secret key) catches
+an edit of the stored document itself.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework.exceptions import APIException
+
+from controlplane.accounts.selectors import scoped
+from controlplane.common.models import JobState
+from controlplane.green.certificate_models import GreenCertificate
+from controlplane.green.selectors import job_energy
+
+
+class NoReport(APIException):
+    status_code = 409
+    default_code = "no_report"
+
+
+def _secret() -> bytes:
+    return settings.SECRET_KEY.encode()
+
+
+def report_inputs(job) -> tuple[dict, dict]:
+    """(the job's printed identity, the energy summary) a report of ``job`` is built from; ``NoReport`` with
+    what is missing."""
+    if job.state != JobState.SUCCEEDED:
+        raise NoReport(f"Job {job.pk} is {job.state}: a report covers a job that finished (succeeded).")
+    summary = (job.measured or {}).get("energy")
+    if not summary:
+        raise NoReport(
+            f"Job {job.pk} has no energy summary: it ran before energy metering, or with energy.enabled false."
+        )
+    totals = job_energy(job) or {}
+    config = job.config or {}
+    identity = {
+        "id": job.pk,
+        "name": job.name,
+        "team": job.team.slug,
+        "model": (config.get("model") or {}).get("name"),
+        "device": (job.measured or {}).get("device"),
+        "world_size": job.world_size,
+        "nodes": job.nnodes,
+        "steps": (job.measured or {}).get("steps"),
+        "attempts": job.attempts,
+        "results_cover": (
+            f"attempt {job.attempts}, the one that finished the job"
+            if job.attempts > 1
+            else "the job's only attempt"
+        ),
+        # every attempt's energy up to its last sample (a failed attempt's after it is not known)
+        "kwh_all_attempts": totals.get("kwh"),
+        "kgco2e_all_attempts": totals.get("kgco2e"),
+    }
+    return identity, summary
+
+
+def _build(job, *, issued_at: datetime, schedule: dict | None) -> dict:
+    from workers.green.certificate import build_certificate
+
+    identity, summary = report_inputs(job)
+    return build_certificate(
+        job=identity, energy_summary=summary, schedule=schedule, issued_at=issued_at, secret=_secret()
+    )
+
+
+def certificate_issue(*, job, user) -> tuple[GreenCertificate, bool]:
+    """The job's report: the one issued before, else a new one (document and PDF). (report, created)."""
+    existing = GreenCertificate.objects.filter(job=job).first()
+    if existing is not None:
+        return existing, False
+    from workers.green.certificate import render_pdf
+
+    document = _build(job, issued_at=timezone.now().replace(microsecond=0), schedule=None)
+    pdf = render_pdf(document)
+    try:
+        with transaction.atomic():
+            report = GreenCertificate.objects.create(
+                team=job.team,
+                job=job,
+                code=document["verification"]["code"],
+                digest=document["verification"]["digest"],
+                issued_at=datetime.fromisoformat(document["issued_at"]),
+                document=document,
+                pdf=pdf,
+                created_by=user,
+            )
+    except IntegrityError:  # issued by a concurrent request a moment ago
+        return GreenCertificate.objects.get(job=job), False
+    return report, True
+
+
+def certificates_of(user):
+    return scoped(GreenCertificate.objects.all(), user).select_related("job", "team").order_by("-issued_at")
+
+
+def certificate_of(user, code: str) -> GreenCertificate | None:
+    from workers.green.certificate import normalise_code
+
+    try:
+        code = normalise_code(code)
+    except ValueError:
+        return None
+    return certificates_of(user).filter(code=code).first()
+
+
+def certificate_verify(report: GreenCertificate, *, pdf: bytes | None = None) -> dict:
+    """Rebuild ``report`` from its job's stored measurements and compare: ``{valid, code_matches,
+    figures_match, mismatches: [{field, certified, recomputed}], checked}``. With ``pdf``, the figures that
+    PDF prints are compared with the stored document too."""
+    from workers.green.certificate import verify_certificate, verify_pdf
+
+    try:
+        recomputed = _build(
+            report.job,
+            issued_at=datetime.fromisoformat(report.document["issued_at"]),
+            schedule=None,  # reports are issued without a schedule for now (see docs/green.md)
+        )
+    except (NoReport, ValueError) as exc:
+        detail = exc.detail if isinstance(exc, APIException) else str(exc)
+        return {
+            "valid": False,
+            "code_matches": False,
+            "figures_match": False,
+            "mismatches": [
+                {"field": "job", "certified": "the stored measurements", "recomputed": str(detail)}
+            ],
+            "checked": "stored document",
+        }
+    result = verify_certificate(report.document, recomputed=recomputed, secret=_secret())
+    result["checked"] = "stored document"
+    if pdf is not None:
+        printed = verify_pdf(pdf, report.document, _secret())
+        result["pdf"] = printed
+        result["valid"] = bool(result["valid"] and printed["valid"])
+        result["checked"] = "stored document and the uploaded PDF"
+    return result
