@@ -2,7 +2,8 @@
 # here (g++ + the ninja wheel): a build failure fails the image instead of silently using the torch fallback.
 FROM python:3.11-slim-bookworm
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
-RUN apt-get update && apt-get install -y --no-install-recommends g++ iproute2 && rm -rf /var/lib/apt/lists/*
+# Pango and a font: WeasyPrint renders the energy reports
+RUN apt-get update && apt-get install -y --no-install-recommends g++ iproute2 libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY controlplane controlplane

@@ -10,7 +10,7 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 # the venv's tools first: torch.utils.cpp_extension looks for the ninja wheel's `ninja` on PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test lint native chromium clean
+.PHONY: setup run test lint native chromium pdf-libs clean
 
 setup: $(VENV)/.installed
 
@@ -23,8 +23,17 @@ $(VENV)/.installed: pyproject.toml
 native: setup
 	@if [ -f native_ops/__main__.py ]; then $(PY) -m native_ops build; fi
 
-run: setup native
+run: setup native pdf-libs
 	$(PY) -m controlplane.stack --host $(HOST) --port $(PORT)
+
+# WeasyPrint (the energy reports' PDF) needs Pango and a font
+pdf-libs:
+	@if ! ldconfig -p | grep -q libpangoft2-1.0.so.0; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Pango and a font for the report PDFs"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core >/dev/null; \
+	  else echo "Pango missing and not root: energy reports cannot be rendered (apt install libpangoft2-1.0-0)"; fi; \
+	fi
 
 chromium:
 	@if [ ! -x /usr/bin/chromium ]; then \
@@ -34,7 +43,7 @@ chromium:
 	  else echo "chromium missing and not root: browser tests will be skipped"; fi; \
 	fi
 
-test: setup native chromium
+test: setup native chromium pdf-libs
 	$(PY) -m pytest -q --durations=40
 
 lint: setup

@@ -4,9 +4,11 @@ cancel from the page, and the compare page."""
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
+from pypdf import PdfReader
 from rest_framework.test import APIClient
 
 from tests.conftest import PASSWORD
@@ -113,11 +115,34 @@ def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page
     )
     assert raw_last != page.evaluate("() => document.getElementById('chart-loss').data[1].y.at(-1)")
 
+    # energy and carbon, live from the job's energy events: an estimate on this machine, and labelled so
+    page.wait_for_function(
+        "() => document.getElementById('energy-kgco2e').dataset.value !== undefined", timeout=30000
+    )
+    assert float(page.get_attribute("#energy-kwh", "data-value")) > 0
+    assert float(page.get_attribute("#energy-kgco2e", "data-value")) > 0
+    assert page.inner_text("#energy-method") == "estimate" and page.is_visible("#energy-estimate")
+    assert "Estimated, not measured" in page.inner_text("#energy-estimate")
+    assert "history" in page.inner_text("#energy-intensity")  # GB's 2020 history standing in, and said so
+    assert page.evaluate("() => document.getElementById('chart-energy').data[0].x.length") == steps // 5
+
+    # the energy and carbon report: issued and downloaded from the page, its text read back
+    with page.expect_download(timeout=60000) as download:
+        page.click("#report-button")
+    pdf = download.value.path().read_bytes()
+    code = page.get_attribute("#report-code", "data-code")
+    text = "\n".join(p.extract_text() for p in PdfReader(io.BytesIO(pdf)).pages)
+    assert pdf.startswith(b"%PDF") and code in text and "estimate" in text.lower() and "planned-live" in text
+    check = client.post(f"/api/certificates/{code}/verify", {"file": io.BytesIO(pdf)}, format="multipart")
+    assert check.status_code == 200 and check.json()["valid"], check.content
+
     # a page opened after the run draws the same points from the stored history
     page.reload()
     page.wait_for_selector("#live-status[data-state=live]", timeout=15000)
     assert page.evaluate(X_VALUES, "chart-loss") == list(range(1, steps + 1))
     assert page.inner_text("#job-state") == "succeeded"
+    assert code in page.inner_text("#report-code")  # the report issued before
+    assert float(page.get_attribute("#energy-kwh", "data-value")) > 0
     assert page.js_errors == []
 
 
