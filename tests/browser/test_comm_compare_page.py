@@ -44,11 +44,12 @@ def test_comparison_shows_progress_cancels_and_recommends(live_stack, page, make
     log_in(page, live_stack.base_url, "alice")
     page.goto(f"{live_stack.base_url}/jobs/{job.pk}/")
 
-    # a long comparison: dense's 400 steps end, then fp16 is cancelled while it runs
-    start(page, ["dense", "fp16", "topk_ef"], 400)
+    # a long comparison: dense's 150 steps end, then fp16 is cancelled while it runs (its 150 steps leave
+    # the page several seconds to show its progress)
+    start(page, ["dense", "fp16", "topk_ef"], 150)
     page.wait_for_selector("#comm-compare-progress:not([hidden])", timeout=15_000)
     page.wait_for_function(
-        "() => /^fp16 \\(2 of 3\\): step \\d+ of 400 .* left/.test("
+        "() => /^fp16 \\(2 of 3\\): step \\d+ of 150 .* left/.test("
         "document.querySelector('#comm-compare-progress .progress-text').textContent)",
         timeout=300_000,
     )

@@ -42,7 +42,7 @@ from workers.planner.examples import contract
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-MAX_EXAMPLES = int(os.environ.get("CANN_TRAIN_FUZZ_EXAMPLES", "25"))
+MAX_EXAMPLES = int(os.environ.get("CANN_TRAIN_FUZZ_EXAMPLES", "20"))
 SEED = int(os.environ.get("CANN_TRAIN_FUZZ_SEED", "11"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 MEDIA_TYPES = {"json": "application/json", "yaml": "application/yaml"}

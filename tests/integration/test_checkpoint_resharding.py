@@ -89,7 +89,7 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert torch.equal(t, b["tensors"][key]), f"{key} differs"
 
 
-def test_ddp_snapshot_of_two_ranks_loads_on_one_and_back(tmp_path):
+def test_ddp_snapshot_of_two_ranks_loads_on_one(tmp_path):
     dp2, single = {"dp": 2, "micro_batch_size": 2}, {"micro_batch_size": 4}
     snapshot_on(dp2, tmp_path / "from-dp2")
     reference = probe(dp2, tmp_path / "from-dp2", tmp_path)
@@ -97,10 +97,7 @@ def test_ddp_snapshot_of_two_ranks_loads_on_one_and_back(tmp_path):
     on_one = probe(single, tmp_path / "from-dp2", tmp_path)
     assert on_one["resumed"]["same_layout"] is False
     assert_same_state(on_one, reference)
-
-    snapshot_on(single, tmp_path / "from-single")  # 1 -> 2
-    reference = probe(single, tmp_path / "from-single", tmp_path)
-    assert_same_state(probe(dp2, tmp_path / "from-single", tmp_path), reference)
+    # (growing, 1 -> 2 ranks, is test_elastic_scaling's regrow on real agents, and 2 -> 4 below for FSDP2)
 
 
 def test_fsdp2_zero3_snapshot_of_two_ranks_loads_on_four(tmp_path):
