@@ -52,6 +52,12 @@ def http(method: str, url: str, token: str | None = None, body=None) -> tuple[in
         return e.code, decoded(e)
 
 
+RUNS: dict[str, dict] = {}
+"""Summaries of deterministic training runs by config, shared across test modules in one session
+(``tests/integration/test_training_parallel.py``'s ``train``). Here because this module has one name
+everywhere (``tests.conftest``), where a test module imported by another is loaded twice."""
+
+
 def wait_for(predicate, timeout: float, what: str, every: float = 0.3):
     """Poll ``predicate`` until it returns something truthy (returned), else fail saying what was awaited."""
     deadline = time.monotonic() + timeout

@@ -19,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_training_parallel import EXAMPLES, STEPS, job
+from tests.integration.test_training_parallel import EXAMPLES, STEPS, job, train
 from workers.training.checkpoint import list_snapshots, read_manifest, verify
-from workers.training.cli import run_local
-from workers.training.config import JobConfig
 from workers.training.launch import free_port, render_torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.slow
-
-
-def train(cfg: JobConfig) -> dict:
-    return run_local(cfg, cfg.world_size, timeout=180)
 
 
 LAYOUTS = {

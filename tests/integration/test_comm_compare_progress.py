@@ -71,14 +71,14 @@ def test_progress_per_step_then_cancel_stops_the_run_and_keeps_earlier_rows(live
     client.force_authenticate(alice)
     r = client.post(
         f"/api/jobs/{job.pk}/comm-compare/",
-        {"methods": ["dense", "fp16", "topk_ef"], "steps": 400, "nodes": 2, "ranks_per_node": 1},
+        {"methods": ["dense", "fp16", "topk_ef"], "steps": 150, "nodes": 2, "ranks_per_node": 1},
         format="json",
     )
     assert r.status_code == 201, r.content
     cid = r.json()["id"]
     worker = live_stack.procs["worker"].pid
 
-    # dense runs its 400 steps (seconds: the tiny model); the cancel comes while fp16 runs, once it
+    # dense runs its 150 steps (seconds: the tiny model); the cancel comes while fp16 runs, once it
     # reported a few steps with an ETA
     def fp16_running():
         steps = [
@@ -89,14 +89,14 @@ def test_progress_per_step_then_cancel_stops_the_run_and_keeps_earlier_rows(live
         return steps[-1] if steps else None
 
     now = wait_until(fp16_running, 300, "a step-progress event of fp16 with step >= 3")
-    assert now["index"] == 1 and now["steps"] == 400 and now["methods"] == ["dense", "fp16", "topk_ef"]
+    assert now["index"] == 1 and now["steps"] == 150 and now["methods"] == ["dense", "fp16", "topk_ef"]
     assert now["eta_s"] is not None and now["eta_s"] > 0 and now["step_time_s"] > 0
     assert 1 / 3 < now["fraction"] < 2 / 3
     events = comparison_events(job)
     dense_steps = [
         e["progress"]["step"] for e in events if e.get("progress") and e["progress"]["method"] == "dense"
     ]
-    assert dense_steps[0] == 0 and dense_steps[-1] == 400 and dense_steps == sorted(dense_steps)
+    assert dense_steps[0] == 0 and dense_steps[-1] == 150 and dense_steps == sorted(dense_steps)
     assert [e["method"] for e in events if e.get("row")] == ["dense"]
     assert comparison_processes(worker), "no comparison ranks running under the worker"
     assert CommComparison.objects.get(pk=cid).progress > 1 / 3
