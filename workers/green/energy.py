@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from workers.green.power import COMPONENTS, METHODS, PowerReading, load_defaults
-from workers.green.series import IntensitySeries, as_utc
+from workers.green.series import IntensitySeries, as_utc, step_integral
 
 _DEFAULTS = load_defaults()
 DEFAULT_PUE = float(_DEFAULTS["pue"]["default"])
@@ -140,14 +140,7 @@ class Tariff:
             return 0.0
         if not (self.times[0] <= start and end <= self.end):
             raise ValueError("the window is not covered by the tariff")
-        i = bisect.bisect_right(self.times, start) - 1
-        total, t = 0.0, start
-        while t < end:
-            nxt = self.times[i + 1] if i + 1 < len(self.times) else self.end
-            seg_end = min(nxt, end)
-            total += self.prices[i] * (seg_end - t).total_seconds() / 3600.0
-            t, i = seg_end, i + 1
-        return total
+        return step_integral(self.times, self.prices, self.end, start, end)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {

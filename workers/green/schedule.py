@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from workers.green.series import IntensitySeries, as_utc
+from workers.green.series import IntensitySeries, as_utc, step_integral
 
 OBJECTIVES = ("carbon", "cost", "mix")
 _US = timedelta(microseconds=1)
@@ -107,14 +107,7 @@ class PriceSeries:
                 f"[{start.isoformat()}, {end.isoformat()}) is not covered by the price series "
                 f"({self.times[0].isoformat()} to {self.end.isoformat()})"
             )
-        i = bisect.bisect_right(self.times, start) - 1
-        total, t = 0.0, start
-        while t < end:
-            nxt = self.times[i + 1] if i + 1 < len(self.times) else self.end
-            seg_end = min(nxt, end)
-            total += self.values[i] * (seg_end - t).total_seconds() / 3600.0
-            t, i = seg_end, i + 1
-        return total
+        return step_integral(self.times, self.values, self.end, start, end)
 
     def describe(self) -> dict:
         d = {

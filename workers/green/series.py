@@ -25,6 +25,23 @@ def as_utc(t: datetime) -> datetime:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
+def step_integral(
+    times: tuple[datetime, ...], values: tuple[float, ...], end: datetime, start: datetime, stop: datetime
+) -> float:
+    """The integral over ``[start, stop)`` of the step function that holds ``values[i]`` on
+    ``[times[i], times[i+1])`` and the last value until ``end``, in value x hours. The window must lie inside
+    ``[times[0], end)`` (the caller says so in its own words). One implementation for every step series here:
+    carbon intensity (g/kWh x h = g per kW), a time-of-use price (currency per kW)."""
+    i = bisect.bisect_right(times, start) - 1
+    total, t = 0.0, start
+    while t < stop:
+        nxt = times[i + 1] if i + 1 < len(times) else end
+        seg_end = min(nxt, stop)
+        total += values[i] * (seg_end - t).total_seconds() / 3600.0
+        t, i = seg_end, i + 1
+    return total
+
+
 @dataclass(frozen=True)
 class IntensitySeries:
     """Carbon intensity (gCO2e per kWh of electricity drawn) over time, for one zone from one provider.
@@ -103,14 +120,7 @@ class IntensitySeries:
                 f"[{start.isoformat()}, {end.isoformat()}) is not covered by the series "
                 f"({self.start.isoformat()} to {self.end.isoformat()})"
             )
-        i = bisect.bisect_right(self.times, start) - 1
-        total, t = 0.0, start
-        while t < end:
-            nxt = self.times[i + 1] if i + 1 < len(self.times) else self.end
-            seg_end = min(nxt, end)
-            total += self.values[i] * (seg_end - t).total_seconds() / 3600.0
-            t, i = seg_end, i + 1
-        return total
+        return step_integral(self.times, self.values, self.end, start, end)
 
     def mean(self, start: datetime, end: datetime) -> float:
         """The time-weighted mean intensity over ``[start, end)``."""
