@@ -7,6 +7,8 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +73,7 @@ def processes_of(job_id: int) -> list[psutil.Process]:
     return found
 
 
-def test_job_runs_streams_and_succeeds(live_stack, alice_client):
+def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_path):
     from controlplane.live.models import StreamEvent
 
     r = alice_client.post(
@@ -118,10 +120,11 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client):
     i = totals["intensity"]["g_per_kwh"]
     assert totals["kgco2e"] == pytest.approx(totals["kwh"] * i / 1000, rel=0.5)
     assert job.measured["energy"]["results"]["kwh"]["facility"] == pytest.approx(totals["kwh"])
-    check_energy_report(alice_client, job)
+    token = token_for(job.created_by)
+    check_energy_report(alice_client, job, cli=(live_stack.base_url, token, tmp_path / "report.pdf"))
 
 
-def check_energy_report(client, job) -> None:
+def check_energy_report(client, job, cli: tuple | None = None) -> None:
     """The job's energy and carbon report: issued once, a PDF that shows its code and the estimate label,
     verified from the stored measurements; an altered stored figure or an altered PDF fails verification."""
     from pypdf import PdfReader
@@ -139,6 +142,16 @@ def check_energy_report(client, job) -> None:
     pdf = client.get(row["pdf_url"])
     assert pdf.status_code == 200 and pdf["Content-Type"] == "application/pdf"
     data = b"".join(pdf.streaming_content) if pdf.streaming else pdf.content
+    # the CLI writes the same PDF through the live server
+    if cli is not None:
+        url, token, out = cli
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.cli", "green", "report", "--job", str(job.pk), "--url", url,
+             "--out", str(out), "--json"],
+            env={**os.environ, "CANN_TRAIN_TOKEN": token}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["code"] == row["code"] and out.read_bytes() == data
     text = "\n".join(p.extract_text() for p in PdfReader(io.BytesIO(data)).pages)
     assert row["code"] in text and "estimate" in text.lower() and job.name in text
     ok = client.get(row["verify_url"]).json()

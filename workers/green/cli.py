@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -94,6 +95,77 @@ def register(subparsers) -> None:
     )
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=schedule_command)
+
+    r = sub.add_parser(
+        "report",
+        help="write a finished job's energy and carbon report (PDF) from the control plane",
+        description="Issue (or fetch) the energy and carbon report of a succeeded job from a cann-train control "
+        "plane and write its PDF: POST /api/jobs/<id>/certificate/, then GET /api/certificates/<code>/pdf.",
+    )
+    r.add_argument("--job", type=int, required=True, help="the training job's id")
+    r.add_argument(
+        "--url",
+        default=os.environ.get("CANN_TRAIN_URL", "http://127.0.0.1:8000"),
+        help="the control plane (default: $CANN_TRAIN_URL, else http://127.0.0.1:8000)",
+    )
+    r.add_argument(
+        "--token",
+        default=os.environ.get("CANN_TRAIN_TOKEN"),
+        help="an API token (default: $CANN_TRAIN_TOKEN; create one on the Tokens page)",
+    )
+    r.add_argument("--out", help="the PDF to write (default: energy-report-job<ID>.pdf)")
+    r.add_argument("--json", action="store_true", help="print the report's row (code, kWh, kgCO2e) as JSON")
+    r.set_defaults(func=report_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """``cann-train green report``: the report of a succeeded job, through the control plane's API (the
+    engine holds no job: the control plane stored its measurements)."""
+    import requests
+
+    prog = "cann-train green report"
+    if not args.token:
+        print(f"{prog}: invalid input: no API token: pass --token or set CANN_TRAIN_TOKEN", file=sys.stderr)
+        return EXIT_INVALID
+    if args.job < 1:
+        print(f"{prog}: invalid input: --job must be a job id >= 1, got {args.job}", file=sys.stderr)
+        return EXIT_INVALID
+    base = args.url.rstrip("/")
+    headers = {"Authorization": f"Token {args.token}", "Accept": "application/json"}
+    try:
+        issued = requests.post(f"{base}/api/jobs/{args.job}/certificate/", headers=headers, timeout=120)
+        if issued.status_code not in (200, 201):
+            print(f"{prog}: {_api_error(issued)}", file=sys.stderr)
+            return EXIT_INVALID if issued.status_code < 500 else 1
+        row = issued.json()
+        pdf = requests.get(f"{base}{row['pdf_url']}", headers=headers, timeout=120)
+        if pdf.status_code != 200 or not pdf.content.startswith(b"%PDF"):
+            print(f"{prog}: the PDF could not be downloaded: {_api_error(pdf)}", file=sys.stderr)
+            return 1
+    except requests.RequestException as exc:
+        print(f"{prog}: cannot reach the control plane at {base}: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out or f"energy-report-job{args.job}.pdf")
+    out.write_bytes(pdf.content)
+    if args.json:
+        print(json.dumps({**row, "file": str(out), "issued": issued.status_code == 201}, indent=1))
+    else:
+        label = " (estimate)" if row.get("estimate") else ""
+        kg = "n/a" if row.get("kgco2e") is None else f"{row['kgco2e']:.6g} kgCO2e"
+        print(
+            f"{out}: job {args.job}, {row['kwh']:.6g} kWh{label}, {kg}; code {row['code']} "
+            f"(verify: {base}{row['verify_url']})"
+        )
+    return EXIT_OK
+
+
+def _api_error(response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text[:300]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    return f"HTTP {response.status_code}: {detail}"
 
 
 def _parse_time(text: str, where: str) -> datetime:
