@@ -444,6 +444,7 @@ class Trainer:
         first = self.step + 1
         if self.energy is not None:
             self.energy.start(self.device)
+            self._energy_from_step = self.step  # where this attempt began (after any resume)
         started = self._started_values()
         self.publisher.submit("event", started, step=self.step)
         self._print(
@@ -517,7 +518,9 @@ class Trainer:
         with the job's running kWh and kgCO2e since this attempt started."""
         if self.energy is None:
             return
-        tokens = self.tokens_per_step * (step - self.cfg.start_step)
+        # tokens trained by this attempt: a resumed one began at its snapshot's step, not at start_step (the
+        # job's totals add the attempts up, so counting from start_step counted the earlier steps twice)
+        tokens = self.tokens_per_step * (step - self._energy_from_step)
         if final:
             values = self.energy.finish(step, tokens, self.device)
         else:
