@@ -7,7 +7,7 @@ import re
 
 from django.conf import settings
 from django.http import Http404
-from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -174,6 +174,19 @@ class ScheduleRowSerializer(serializers.Serializer):
     result = ScheduleResultSerializer()
     reservations = ReservationSerializer(many=True)
     skipped = SkippedSourceSerializer(many=True, help_text="the better intensity sources not used, and why")
+    job = serializers.SerializerMethodField(
+        help_text="the training job that runs under it: {id, name, state}"
+    )
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_job(self, schedule) -> dict | None:
+        from django.core.exceptions import ObjectDoesNotExist
+
+        try:
+            job = schedule.job
+        except ObjectDoesNotExist:
+            return None
+        return {"id": job.pk, "name": job.name, "state": job.state, "url": f"/jobs/{job.pk}/"}
 
 
 @extend_schema_serializer(component_name="GreenSchedule")
@@ -365,7 +378,13 @@ class ScheduleDetailApi(APIView):
     def get(self, request, pk: int):
         return Response(ScheduleDetailSerializer(self._schedule(request, pk)).data)
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(
+        request=None,
+        responses={
+            204: None,
+            409: error_response(409, "A job runs under the schedule: it is kept as its record."),
+        },
+    )
     def delete(self, request, pk: int):
         services.schedule_delete(schedule=self._schedule(request, pk))
         return Response(status=status.HTTP_204_NO_CONTENT)

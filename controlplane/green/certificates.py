@@ -66,6 +66,12 @@ def report_inputs(job) -> tuple[dict, dict]:
     return identity, summary
 
 
+def schedule_of(job) -> dict | None:
+    """The carbon-aware schedule the job ran under (its stored result: the predicted saving), or None."""
+    schedule = job.green_schedule
+    return None if schedule is None else schedule.result
+
+
 def _build(job, *, issued_at: datetime, schedule: dict | None) -> dict:
     from workers.green.certificate import build_certificate
 
@@ -82,7 +88,7 @@ def certificate_issue(*, job, user) -> tuple[GreenCertificate, bool]:
         return existing, False
     from workers.green.certificate import render_pdf
 
-    document = _build(job, issued_at=timezone.now().replace(microsecond=0), schedule=None)
+    document = _build(job, issued_at=timezone.now().replace(microsecond=0), schedule=schedule_of(job))
     pdf = render_pdf(document)
     try:
         with transaction.atomic():
@@ -125,7 +131,7 @@ def certificate_verify(report: GreenCertificate, *, pdf: bytes | None = None) ->
         recomputed = _build(
             report.job,
             issued_at=datetime.fromisoformat(report.document["issued_at"]),
-            schedule=None,  # reports are issued without a schedule for now (see docs/green.md)
+            schedule=schedule_of(report.job),
         )
     except (NoReport, ValueError) as exc:
         detail = exc.detail if isinstance(exc, APIException) else str(exc)

@@ -94,7 +94,7 @@ def team_energy(jobs) -> dict:
 
 def schedules_of(user):
     """The schedules of the user's teams, newest first."""
-    return scoped(GreenSchedule.objects.select_related("team", "created_by"), user)
+    return scoped(GreenSchedule.objects.select_related("team", "created_by", "job"), user)
 
 
 def schedule_of(user, pk: int):

@@ -234,6 +234,22 @@ def default_name(*, zone: str, duration_h: float, power_kw: float) -> str:
     return f"{zone} {duration_h:g} h at {power_kw:g} kW"
 
 
+class ScheduleInUse(APIException):
+    """A job runs (or ran) under the schedule: it is that job's record (its report cites it) (409)."""
+
+    status_code = 409
+    default_code = "schedule_in_use"
+
+
 def schedule_delete(*, schedule: GreenSchedule) -> None:
-    """Remove a schedule from the knowledge base; the power it held is free for later requests."""
+    """Remove a schedule from the knowledge base; the power it held is free for later requests. A schedule
+    a job runs or ran under stays (the job waits for it; its energy report cites it): 409."""
+    from controlplane.jobs.models import TrainingJob
+
+    job = TrainingJob.objects.filter(green_schedule=schedule).first()
+    if job is not None:
+        raise ScheduleInUse(
+            f"Job #{job.pk} ({job.name!r}, {job.state}) runs under schedule #{schedule.pk}: it is kept as that "
+            "job's record (its energy report cites it)."
+        )
     schedule.delete()

@@ -28,6 +28,7 @@ from controlplane.common.documents import (
     StrictFieldsMixin,
     TrainingDocumentField,
 )
+from controlplane.green import apis as green_apis
 from controlplane.green.certificate_apis import CertificateRowSerializer
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
@@ -150,6 +151,11 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         "(provider, zone, kind) and the meter (method; estimate true when not measured); null before the "
         "first sample"
     )
+    schedule = serializers.SerializerMethodField(
+        help_text="the carbon-aware schedule it runs under (null when none): id, zone, start, end, slots, "
+        "interruptible, the predicted kgco2e in its window beside kgco2e_now and saving_pct, and slot_end_at "
+        "(when the current slot ends: it pauses then, if a later slot is to come)"
+    )
     elastic_index = serializers.SerializerMethodField(
         help_text="ETI = scaling efficiency x goodput x device utilisation (each factor with its inputs, null "
         "with the reason when unknown) and the maturity level L0-L5 with each criterion met or not"
@@ -192,6 +198,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "snapshots",
             "goodput",
             "energy",
+            "schedule",
             "elastic_index",
             "created_at",
             "started_at",
@@ -217,6 +224,27 @@ class TrainingJobSerializer(TeamOwnedSerializer):
 
         return job_energy(job)
 
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_schedule(self, job) -> dict | None:
+        schedule = job.green_schedule
+        if schedule is None:
+            return None
+        r = schedule.result
+        return {
+            "id": schedule.pk,
+            "name": schedule.name,
+            "zone": schedule.zone,
+            "start": r.get("start"),
+            "end": r.get("end"),
+            "slots": r.get("slots", []),
+            "interruptible": r.get("interruptible"),
+            "kgco2e": r.get("kgco2e"),
+            "kgco2e_now": r.get("kgco2e_now"),
+            "saving_pct": r.get("saving_pct"),
+            "intensity_kind": (r.get("intensity") or {}).get("kind"),
+            "slot_end_at": job.slot_end_at.isoformat() if job.slot_end_at else None,
+        }
+
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_elastic_index(self, job) -> dict:
         from controlplane.jobs.selectors import elastic_index
@@ -230,6 +258,56 @@ class TrainingJobSerializer(TeamOwnedSerializer):
 
     def get_nodes(self, job) -> list[dict]:
         return JobNodeSerializer(job.nodes.filter(attempt=job.attempts), many=True).data
+
+
+class CarbonAwareSerializer(StrictFieldsMixin, serializers.Serializer):
+    """Schedule the job on the least carbon before its deadline (a green schedule named after it)."""
+
+    deadline_h = green_apis._hours("the job must finish by now + deadline_h")
+    interruptible = serializers.BooleanField(
+        default=False,
+        help_text="it may run in several slots, pausing between them (it needs snapshot_every > 0)",
+    )
+    zone = serializers.CharField(
+        required=False, max_length=64, help_text="the grid zone (default: the job's energy zone)"
+    )
+    duration_h = green_apis._hours(
+        "its predicted run time (default: steps x its plan's predicted step time)", required=False
+    )
+    power_kw = green_apis._kw(
+        "its average IT power (default: its plan's predicted devices x watts)", required=False
+    )
+    site_cap_kw = green_apis._kw(
+        "the power the team's scheduled jobs may draw together in the zone", required=False, allow_null=True
+    )
+    forecast_csv = serializers.CharField(
+        required=False,
+        max_length=green_apis.services.MAX_FORECAST_CSV_CHARS,
+        trim_whitespace=False,
+        help_text="a carbon-intensity forecast to schedule on instead of the zone's series (the format of "
+        "POST /api/green/schedules/ forecast_csv)",
+    )
+
+    def validate_zone(self, value: str) -> str:
+        value = value.strip()
+        if not green_apis.ZONE.match(value):
+            raise serializers.ValidationError(
+                "a grid zone is a code such as GB, DE or FR: letters, digits, '-' and '_', starting with a letter"
+            )
+        return value.upper()
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if "duration_h" in attrs and attrs["deadline_h"] < attrs["duration_h"]:
+            raise serializers.ValidationError(
+                {
+                    "deadline_h": [
+                        f"deadline_h ({attrs['deadline_h']:g} h) must be at least duration_h "
+                        f"({attrs['duration_h']:g} h)"
+                    ]
+                }
+            )
+        return attrs
 
 
 class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -328,6 +406,17 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         help_text="energy and carbon metering: {zone (grid zone, e.g. GB, DE, FR), pue, pue_source, tdp_watts, "
         "device_name, market_factor_g_per_kwh, market_factor_source, price_per_kwh, currency, price_source, "
         "every (steps between samples), enabled}; all optional, the zone defaults to the deployment's",
+    )
+
+    green_schedule = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="a stored green schedule of the team (GET /api/green/schedules/): the job waits in "
+        "'scheduled' and starts when its slot opens (an interruptible one pauses between slots)",
+    )
+    carbon_aware = CarbonAwareSerializer(
+        required=False,
+        help_text="schedule the job now on the least carbon before its deadline, then wait for that window",
     )
 
     def validate_energy(self, value):

@@ -22,8 +22,11 @@ HANG_TIMEOUT_RANGE_S = (5.0, 3600.0)
 class TrainingJob(LongRunningJob):
     """A training run launched from a plan (or a strategy + model).
 
-    State machine: queued → launching → running → succeeded | failed | cancelled, and running ⇄ recovering
+    State machine: [scheduled →] queued → launching → running → succeeded | failed | cancelled, and
+    running ⇄ recovering
     while a fault (a killed or hung rank, a lost worker) is being recovered from the newest good snapshot.
+    A job with a green schedule waits in scheduled for its window; an interruptible one goes running →
+    scheduled at the end of each slot but the last (``controlplane.jobs.scheduling``).
     A failed or cancelled job can be relaunched (``attempts`` counts launches); a job that snapshots
     resumes. ``measured`` holds the run summary beside the plan's ``predicted`` figures, so the knowledge
     base learns from every run.
@@ -95,6 +98,21 @@ class TrainingJob(LongRunningJob):
         null=True,
         blank=True,
         help_text="productive vs wall time of the latest attempt: wall_s productive_s goodput badput{...}",
+    )
+    green_schedule = models.OneToOneField(
+        "green.GreenSchedule",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="job",
+        help_text="the carbon-aware schedule it runs under: it starts when a slot opens (and an interruptible "
+        "job pauses between slots)",
+    )
+    slot_end_at = models.DateTimeField(
+        null=True, blank=True, help_text="the end of the schedule slot the current attempt was launched in"
+    )
+    pause_requested = models.BooleanField(
+        default=False, help_text="stopped at the end of its slot: it goes back to scheduled, not cancelled"
     )
 
     def __str__(self) -> str:

@@ -165,12 +165,16 @@ def job_submit(
     min_nodes: int | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+    green_schedule: int | None = None,
+    carbon_aware: dict | None = None,
     **options,
 ) -> TrainingJob:
     """A job request as the API takes it: a stored plan of the user's teams (its strategy, model, training
     and team are the defaults), a plan document, or a strategy; documents given override the plan's.
     ``max_nodes`` is another name for ``nnodes`` (given both, they must agree); ``min_nodes`` below it makes
-    the job elastic (``check_node_range``)."""
+    the job elastic (``check_node_range``). ``green_schedule`` (a stored schedule of the team) or
+    ``carbon_aware`` (schedule it now, ``scheduling.carbon_aware_schedule``) makes it wait for its window
+    (``controlplane.jobs.scheduling``)."""
     from controlplane.common.api import only_team_of
     from controlplane.jobs.selectors import source_plan_of
 
@@ -208,19 +212,47 @@ def job_submit(
         source_plan=source_plan,
         **options,
     )
-    return job_create(
-        team=team or only_team_of(user),
-        name=name,
-        config=config,
-        plan=plan,
-        nnodes=nnodes,
-        min_nodes=min_nodes,
-        created_by=user,
-        source_plan=source_plan,
-        max_restarts=max_restarts,
-        hang_timeout_s=hang_timeout_s,
-        allow_kill_worker=False,
-    )
+    team = team or only_team_of(user)
+    if green_schedule is not None and carbon_aware is not None:
+        raise ValidationError(
+            {"carbon_aware": ["give a stored green_schedule or carbon_aware (schedule it now), not both"]}
+        )
+    with transaction.atomic():
+        schedule = None
+        if carbon_aware is not None:
+            from controlplane.jobs.scheduling import carbon_aware_schedule
+
+            validated_config(config)  # a bad job is told so before it is scheduled
+            schedule = carbon_aware_schedule(
+                team=team, user=user, name=name, config=config, plan=plan, request=carbon_aware
+            )
+        elif green_schedule is not None:
+            from controlplane.green.models import GreenSchedule
+
+            schedule = GreenSchedule.objects.select_for_update().filter(pk=green_schedule).first()
+        if schedule is not None or green_schedule is not None:
+            from controlplane.jobs.scheduling import check_schedule
+
+            config = check_schedule(
+                schedule=schedule,
+                team=team,
+                config=config,
+                zone_given=bool((options.get("energy") or {}).get("zone")) and carbon_aware is None,
+            )
+        return job_create(
+            team=team,
+            name=name,
+            config=config,
+            plan=plan,
+            nnodes=nnodes,
+            min_nodes=min_nodes,
+            created_by=user,
+            source_plan=source_plan,
+            max_restarts=max_restarts,
+            hang_timeout_s=hang_timeout_s,
+            allow_kill_worker=False,
+            green_schedule=schedule,
+        )
 
 
 def snapshot_dir_of(job: TrainingJob) -> Path:
@@ -351,8 +383,10 @@ def job_create(
     hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
     allow_kill_worker: bool = True,
     min_nodes: int | None = None,
+    green_schedule=None,
 ) -> TrainingJob:
-    """Store a job (and queue its first attempt). A job that snapshots (``snapshot_every`` > 0) without a
+    """Store a job (and queue its first attempt; with a ``green_schedule``, wait for its first slot in
+    ``scheduled``: ``controlplane.jobs.scheduling``). A job that snapshots (``snapshot_every`` > 0) without a
     ``snapshot_dir`` gets the control plane's (``snapshot_dir_of``). ``allow_kill_worker``: whether its
     ``inject`` may kill the supervising worker (not through the API: ``check_injectable``). ``min_nodes``
     (default ``nnodes``) below ``nnodes`` makes it elastic: its config gets ``rescale`` (the runtime lays
@@ -426,31 +460,59 @@ def job_create(
             source_plan=source_plan,
             max_restarts=max_restarts,
             hang_timeout_s=hang_timeout_s,
+            green_schedule=green_schedule,
+            state=JobState.SCHEDULED if green_schedule is not None else JobState.QUEUED,
         )
         if own_dir:
             job.config = {**job.config, "snapshot_dir": str(snapshot_dir_of(job))}
             job.save(update_fields=["config"])
-        if launch:
+        if green_schedule is not None:
+            _job_event(
+                job, {"state": "scheduled", "attempt": 0, "message": scheduled_message(green_schedule)}
+            )
+        elif launch:
             job_launch(job=job)
     return job
 
 
+def scheduled_message(schedule) -> str:
+    """What a job waiting for its carbon-aware window says."""
+    from controlplane.jobs.scheduling import _utc, slots_of
+
+    slots = slots_of(schedule)
+    result = schedule.result
+    saving = result.get("saving_pct")
+    parts = [f"Waits for its carbon-aware window: starts at {_utc(slots[0][0])}"]
+    if len(slots) > 1:
+        parts.append(f"in {len(slots)} slots, pausing between them")
+    if isinstance(saving, int | float):
+        parts.append(f"predicted {saving:.1f}% less CO2e than starting at once (schedule #{schedule.pk})")
+    return ", ".join(parts) + "."
+
+
 def job_launch(
-    *, job: TrainingJob, resume_from: str | None = None, automatic: bool = False, why: str = ""
+    *,
+    job: TrainingJob,
+    resume_from: str | None = None,
+    automatic: bool = False,
+    why: str = "",
+    scheduled_slot_end=None,
 ) -> TrainingJob:
     """Queue a (re)launch. Only a new job, or a failed / cancelled one, can be launched; a job that
     snapshots continues from its newest good snapshot (``resume``), or from ``resume_from`` exactly (a
     restore, which a succeeded job may do too). ``automatic``: the reaper resuming a job whose worker was
     lost (it is recovering; no quota check: it held its slot all along; its faults keep counting against
-    ``max_restarts``). ``why`` goes into the "queued" event."""
+    ``max_restarts``). ``why`` goes into the "queued" event. A scheduled job may be launched: by the
+    scheduler when its slot opens (``scheduled_slot_end``: when the slot ends, or None past its window), or
+    by a person at once (it then runs to the end)."""
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-        allowed = {JobState.FAILED, JobState.CANCELLED}
+        allowed = {JobState.FAILED, JobState.CANCELLED, JobState.SCHEDULED}
         if automatic:
             allowed.add(JobState.RECOVERING)
         if resume_from:
             allowed.add(JobState.SUCCEEDED)
-        if job.attempts and job.state not in allowed:
+        if (job.attempts or job.state == JobState.SCHEDULED) and job.state not in allowed:
             raise ValidationError({"state": [f"a {job.state} job cannot be launched again; cancel it first"]})
         active = (
             TrainingJob.objects.filter(
@@ -471,7 +533,8 @@ def job_launch(
         if not automatic:  # a person launched it: the restart budget starts again
             job.restart_budget_from = job.attempts
         job.state = JobState.QUEUED
-        job.cancel_requested = False
+        job.cancel_requested = job.pause_requested = False
+        job.slot_end_at = scheduled_slot_end
         job.cancelled_by = None
         job.error = job.human_readable_error = ""
         job.progress = 0.0
@@ -506,8 +569,9 @@ def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
         if job.is_finished:
             raise ValidationError({"state": [f"the job already ended ({job.state})"]})
         job.cancel_requested = True
+        job.pause_requested = False  # a person's cancel wins over a pause at the end of a slot
         job.cancelled_by = user if user is not None and user.is_authenticated else None
-        if job.state == JobState.QUEUED:  # nothing started: no supervisor to tell
+        if job.state in (JobState.QUEUED, JobState.SCHEDULED):  # nothing started: no supervisor to tell
             job.state = JobState.CANCELLED
             job.finished_at = timezone.now()
             job.human_readable_error, job.error = cancelled_message(job), ""
@@ -719,6 +783,26 @@ def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now
         )
         nodes = [n for n in nodes if n.node_rank not in lost] or nodes
     states = {n.state for n in nodes}
+    paused = job.pause_requested and states != {JobState.SUCCEEDED}
+    if paused:  # stopped at the end of its carbon-aware slot: it waits for the next one
+        from controlplane.jobs.scheduling import _utc, next_slot, slots_of
+
+        job.state = JobState.SCHEDULED
+        job.cancel_requested = job.pause_requested = False
+        job.human_readable_error = job.error = ""
+        upcoming = next_slot(slots_of(job.green_schedule), now) if job.green_schedule_id else None
+        job.save()
+        _job_event(
+            job,
+            {
+                "state": "scheduled",
+                "attempt": job.attempts,
+                "exit_codes": [n.exit_code for n in nodes],
+                "message": "Paused between carbon-aware slots"
+                + (f": continues from its newest snapshot at {_utc(upcoming[0])}." if upcoming else "."),
+            },
+        )
+        return
     if job.cancel_requested or JobState.CANCELLED in states:
         job.state = JobState.CANCELLED
         # a clean end: who asked for it, not the traceback torchrun prints when it is stopped

@@ -31,6 +31,25 @@ def job_list(request):
     )
 
 
+def schedule_slot_labels(job) -> list[str]:
+    """The job's carbon-aware slots as 'YYYY-MM-DD HH:MM → HH:MM' (UTC; the end's date when it differs)."""
+    if job.green_schedule is None:
+        return []
+    from datetime import UTC
+
+    from controlplane.jobs.scheduling import slots_of
+
+    labels = []
+    for a, b in slots_of(job.green_schedule):
+        a, b = a.astimezone(UTC), b.astimezone(UTC)
+        labels.append(
+            f"{a:%Y-%m-%d %H:%M} → {b:%H:%M}"
+            if a.date() == b.date()
+            else f"{a:%Y-%m-%d %H:%M} → {b:%Y-%m-%d %H:%M}"
+        )
+    return labels
+
+
 @login_required
 def job_detail(request, pk: int):
     job = selectors.job_of(request.user, pk)
@@ -49,6 +68,7 @@ def job_detail(request, pk: int):
             "policy": selectors.restart_policy(job),
             "elastic_index": selectors.elastic_index(job),
             "certificate": getattr(job, "certificate", None),
+            "schedule_slots": schedule_slot_labels(job),
             # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
             "prediction_caveat": (
                 ((job.plan or {}).get("predicted") or {}).get("efficiency_profile") or {}

@@ -3,7 +3,7 @@
 // "running: attempt 1 · 2 ranks" for a state change, "probe from host-3 via celery: ..." for a probe.
 import { formatGiB, formatNumber, formatPercent, formatSeconds } from "./common.js";
 
-export const JOB_STATES = new Set(["queued", "launching", "running", "recovering", "succeeded", "failed", "cancelled"]);
+export const JOB_STATES = new Set(["scheduled", "queued", "launching", "running", "recovering", "succeeded", "failed", "cancelled"]);
 
 const join = (parts) => parts.filter((p) => p != null && p !== "" && p !== false).join(" · ");
 

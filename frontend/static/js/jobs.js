@@ -14,7 +14,7 @@ import {
   postJSON,
 } from "./common.js";
 
-const JOB_STATES = new Set(["queued", "launching", "running", "recovering", "succeeded", "failed", "cancelled"]);
+const JOB_STATES = new Set(["scheduled", "queued", "launching", "running", "recovering", "succeeded", "failed", "cancelled"]);
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const EVENTS_PAGE = 5000;   // the events API returns at most this many per call
 const STEADY_WINDOW = 10;   // steps averaged into the live "measured" figures
@@ -630,7 +630,10 @@ class JobDetail {
     const queued = document.getElementById("queue-position");
     if (queued && state !== "queued" && state !== "launching") queued.hidden = true;
     this.el("cancel-button").hidden = TERMINAL.has(state);
-    this.el("relaunch-button").hidden = !(state === "failed" || state === "cancelled");
+    const relaunchButton = this.el("relaunch-button");
+    relaunchButton.hidden = !(state === "failed" || state === "cancelled" || state === "scheduled");
+    if (state === "scheduled") relaunchButton.textContent = "Start now";
+    else if (relaunchButton.textContent === "Start now") relaunchButton.textContent = "Relaunch";
     this.el("report-button").hidden = state !== "succeeded";
     if (!TERMINAL.has(state)) this.el("cancel-button").disabled = false;
     this.waiting();
