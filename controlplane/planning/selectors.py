@@ -280,6 +280,7 @@ def plan_page_data(plan: StoredPlan) -> dict:
         **_scenario(plan),
         "visuals": plan_visuals_or_none(_scenario(plan), plan.to_contract()) if plan.feasible else None,
         "runner_up": plan_document(runner_up) if runner_up else None,
+        "powercap": plan_powercap(plan),
         "jobs": [
             {"id": j.pk, "state": j.state, "measured": j.measured}
             for j in plan.jobs.order_by("-created_at")[:10]
@@ -292,6 +293,24 @@ def plan_page_data(plan: StoredPlan) -> dict:
             "scale_down": f"/api/plans/{plan.pk}/scale-down/",
         },
     }
+
+
+def plan_powercap(plan: StoredPlan) -> dict | None:
+    """Power-cap advice for a plan that fits (``workers.green.powercap``: Zeus's energy-time cost on the
+    plan's predicted step, a labelled model; never applied), or None. Worked out when the page is drawn, not
+    stored with every plan (it is about 8 kB, and only this page shows it)."""
+    if not plan.feasible or not plan.predicted.get("step_time_s"):
+        return None
+    from workers.green.powercap import plan_powercap_block
+    from workers.planner.energy import device_power_profile
+    from workers.planner.specs import ClusterSpec
+
+    try:
+        cluster = ClusterSpec.from_dict(plan.cluster_doc)
+    except (ValueError, TypeError, KeyError) as exc:  # a document the planner no longer reads
+        return {"method": "model", "unavailable": f"the plan's cluster cannot be read: {exc}"}
+    devices = cluster.num_nodes * cluster.devices_per_node
+    return plan_powercap_block(plan.predicted, devices, device_power_profile(cluster), cluster.device.name)
 
 
 def plan_comm_comparisons(plan: StoredPlan) -> list:

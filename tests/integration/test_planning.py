@@ -118,6 +118,50 @@ def test_plan_import_is_costed_by_the_planner_and_filterable(client):
     assert r.status_code == 400 and any(k.startswith("strategy") for k in r.json())
 
 
+def test_the_plan_page_advises_a_power_cap_from_the_plans_prediction_and_applies_nothing(client, alice):
+    """The plan page's power-cap card is the engine's advice for the plan's predicted step (a labelled model:
+    the device's TDP from the cluster, Zeus's cost at eta 0.5), with its time cost beside its saving."""
+    from controlplane.planning.models import StoredPlan
+    from workers.green.powercap import plan_powercap_block
+    from workers.planner.energy import device_power_profile
+    from workers.planner.specs import ClusterSpec
+
+    body = {
+        "name": "capped",
+        "model": contract("model.json"),
+        "cluster": contract("cluster.json"),
+        "training": contract("training.json"),
+        "strategy": {**contract("strategy.json"), "dp": 48},
+    }
+    r = client.post("/api/plans/", body, format="json")
+    assert r.status_code == 201, r.content
+    plan = StoredPlan.objects.get(pk=r.json()["id"])
+    cluster = ClusterSpec.from_dict(plan.cluster_doc)
+    expected = plan_powercap_block(
+        plan.predicted,
+        cluster.num_nodes * cluster.devices_per_node,
+        device_power_profile(cluster),
+        cluster.device.name,
+    )
+    limit, tdp = expected["recommended"]["limit_w"], expected["max_power_w"]
+    assert 0 < limit < tdp and expected["slowdown_pct"] > 0 and expected["energy_saving_pct"] > 0
+    client.force_login(alice)
+    page = client.get(f"/planning/plans/{plan.pk}/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert (
+        'id="powercap-advice"' in html
+        and "never applied" in html
+        and "model: predicted from the plan" in html
+    )
+    assert f"<b>{limit:.0f} W</b> of {tdp:.0f} W" in html
+    assert f"+{expected['slowdown_pct']:.1f} %" in html and f"−{expected['energy_saving_pct']:.1f} %" in html
+    assert html.count('class="chosen"') == 1 and "nvidia-smi" in html
+    # the page computes it; nothing was stored with the plan
+    plan.refresh_from_db()
+    assert "powercap" not in (plan.predicted.get("energy") or {})
+
+
 def wait_search(search_id, timeout=120):
     from controlplane.planning.models import StrategySearch
 
