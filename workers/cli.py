@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "comm-opt": "workers.training.comm.cli",
     "elastic": "workers.reliability.cli",
     "green": "workers.green.cli",
+    "faults": "workers.reliability.faults_cli",
 }
 
 
