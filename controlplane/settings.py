@@ -128,6 +128,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # 2020 history (labelled "history used as a stand-in") when no live provider is configured
 # (workers/green/providers.py: ELECTRICITYMAPS_TOKEN, WATTTIME_USERNAME/PASSWORD, CANN_TRAIN_UK_CARBON_INTENSITY).
 GREEN_DEFAULT_ZONE = os.environ.get("CANN_TRAIN_GRID_ZONE", "GB")
+# fault risk (workers/reliability/risk_watch.py): each node's telemetry interval, and the failure model
+# (a directory written by 'cann-train faults train --out DIR'; none: risk is the straggler score alone)
+TELEMETRY_EVERY_S = float(os.environ.get("CANN_TRAIN_TELEMETRY_EVERY_S", "5"))
+RISK_MODEL_DIR = os.environ.get("CANN_TRAIN_RISK_MODEL", "")
 
 
 # --- redis, celery, channels ----------------------------------------------------------------------

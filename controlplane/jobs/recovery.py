@@ -298,6 +298,45 @@ def elastic_watch_for(job: TrainingJob, attempt: int, node_rank: int, workdir: P
     )
 
 
+def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, local_ranks: int):
+    """The fault-risk loop over this node (``workers.reliability.risk_watch``): telemetry and ``risk`` events
+    on the job's stream, read from the same progress directory as the recovery ``watch``. Events go through
+    ``publish_after_commit``, which keeps them in the database while Redis is away (nothing is lost)."""
+    from controlplane.live.services import publish_after_commit
+    from workers.reliability.risk_watch import NodeRiskWatch
+    from workers.training.supervisor import node_name
+
+    model, absent = failure_model()
+    return NodeRiskWatch(
+        watch.dir,
+        node=node_name(),
+        node_rank=node_rank,
+        local_ranks=local_ranks,
+        attempt=attempt,
+        telemetry_every_s=settings.TELEMETRY_EVERY_S,
+        failure_model=model,
+        failure_model_absent=absent,
+        publish=lambda kind, values, step: publish_after_commit(job.stream, kind, values, step=step),
+    )
+
+
+def failure_model():
+    """(the failure model ``CANN_TRAIN_RISK_MODEL`` names, or None; why there is none)."""
+    path = settings.RISK_MODEL_DIR
+    if not path:
+        return None, (
+            "no failure model configured: train one with 'cann-train faults train --out DIR' and set "
+            "CANN_TRAIN_RISK_MODEL=DIR"
+        )
+    from workers.reliability.risk.evaluate import load_model
+
+    try:
+        return load_model(path), ""
+    except (OSError, ValueError, RuntimeError) as exc:
+        log.warning("CANN_TRAIN_RISK_MODEL=%s does not load: %s", path, exc)
+        return None, f"the failure model at CANN_TRAIN_RISK_MODEL={path} does not load: {exc}"
+
+
 # --- resuming: a relaunch, a lost worker, a restore ---------------------------------------------------
 
 

@@ -1008,22 +1008,44 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
             log.info("job %s node %s: cancel requested, stopping the process group", job.pk, node_rank)
         return wants_cancel
 
-    outcome = supervisor.supervise(
-        cmd,
-        log_path=workdir / f"node{node_rank}.log",
-        cwd=settings.BASE_DIR,
-        env={**torchrun_env(), **(watch.env if watch is not None else {})},
-        on_poll=watch.poll if watch is not None else None,
-        on_start=lambda pid: _until_the_database_answers(
-            lambda: node_started(node=node, pid=pid),
-            what=f"record that job {job.pk} node {node_rank} started",
-        ),
-        on_heartbeat=beat,
-        # the live log: new lines (noise filtered, batched by the supervisor) as events on the job's stream
-        on_output=lambda lines: publish(
-            job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt}
-        ),
-    )
+    from controlplane.jobs.recovery import risk_watch_for
+
+    # the fault-risk loop: this node's telemetry and its ranks' straggler scores, live on the job's stream
+    risk = risk_watch_for(job, attempt, node_rank, watch, local_ranks=job.nproc_per_node) if watch else None
+
+    def poll() -> None:
+        try:
+            watch.poll()
+        finally:  # each watch goes on when the other fails
+            risk.poll()
+
+    if risk is not None:
+        risk.start()
+    try:
+        outcome = supervisor.supervise(
+            cmd,
+            log_path=workdir / f"node{node_rank}.log",
+            cwd=settings.BASE_DIR,
+            env={**torchrun_env(), **(watch.env if watch is not None else {})},
+            on_poll=poll if watch is not None else None,
+            on_start=lambda pid: _until_the_database_answers(
+                lambda: node_started(node=node, pid=pid),
+                what=f"record that job {job.pk} node {node_rank} started",
+            ),
+            on_heartbeat=beat,
+            # the live log: new lines (noise filtered, batched by the supervisor) as events on the job's stream
+            on_output=lambda lines: publish(
+                job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt}
+            ),
+        )
+    finally:
+        if risk is not None:
+            try:
+                risk.stop()
+            except Exception:  # noqa: BLE001 - the run's outcome is recorded without its last samples
+                log.warning(
+                    "job %s node %s: the risk watch did not stop cleanly", job.pk, node_rank, exc_info=True
+                )
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     report = None
     if watch is not None:

@@ -120,8 +120,28 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_
     i = totals["intensity"]["g_per_kwh"]
     assert totals["kgco2e"] == pytest.approx(totals["kwh"] * i / 1000, rel=0.5)
     assert job.measured["energy"]["results"]["kwh"]["facility"] == pytest.approx(totals["kwh"])
+    check_node_telemetry_and_risk(history)
     token = token_for(job.created_by)
     check_energy_report(alice_client, job, cli=(live_stack.base_url, token, tmp_path / "report.pdf"))
+
+
+def check_node_telemetry_and_risk(history: list[dict]) -> None:
+    """The node's supervisor streamed its telemetry (psutil here; NVML and npu-smi absent, saying why) and
+    risk: two ranks are too few to name a straggler, and no failure model is configured -- both said."""
+    telemetry = [e for e in history if e["kind"] == "telemetry"]
+    assert telemetry, [e["kind"] for e in history]
+    first = telemetry[0]["values"]
+    assert first["node_rank"] == 0 and first["attempt"] == 1 and first["node"]
+    assert 0 <= first["metrics"]["cpu.util_pct"] <= 100 and first["metrics"]["mem.total_GiB"] > 0
+    assert "NVML" in first["absent"]["nvml"] and "npu-smi" in first["absent"]["npu-smi"]
+    assert all("absent" not in e["values"] for e in telemetry[1:])  # sent again only when it changes
+    assert first["cost"]["cpu_s"] < 0.05  # one psutil sample: about a millisecond of CPU
+    risk = [e for e in history if e["kind"] == "risk"]
+    assert risk and {e["values"]["node"] for e in risk} == {first["node"]}
+    last = risk[-1]["values"]
+    assert last["straggler"]["absent"].startswith("2 rank(s)") and last["risk"] is not None
+    assert last["level"] == "low" and {r["rank"] for r in last["ranks"]} == {0, 1}
+    assert "no failure model configured" in last["failure"]["absent"]
 
 
 def check_energy_report(client, job, cli: tuple | None = None) -> None:

@@ -147,13 +147,16 @@ class JobEnergy:
         import torch
         import torch.distributed as dist
 
+        from workers.reliability.step_times import blocking_wait
+
         mine = [0.0] * len(COMPONENTS)
         if self.meter is not None:
             joules = self.meter.read().joules
             mine = [joules[c] for c in COMPONENTS]
         if self.world_size > 1 and dist.is_initialized():
             t = torch.tensor(mine, dtype=torch.float64, device=device)
-            dist.all_reduce(t)
+            with blocking_wait.timed():  # the straggler watch's collective wait (step_times)
+                dist.all_reduce(t)
             mine = t.tolist()
         return PowerReading(datetime.now(UTC), dict(zip(COMPONENTS, mine, strict=True)))
 

@@ -136,10 +136,18 @@ class ParallelModel:
 
 
 def parallelize(
-    model: Transformer, cfg: JobConfig, device: torch.device, world_size: int, rank: int
+    model: Transformer,
+    cfg: JobConfig,
+    device: torch.device,
+    world_size: int,
+    rank: int,
+    *,
+    timed_allreduce: bool = False,
 ) -> ParallelModel:
     """Apply ``cfg.strategy`` to ``model`` on this ``rank``: the mesh, then per pipeline stage of this rank
-    TP -> CP -> EP -> activation checkpointing -> data parallel, then the pipeline schedule."""
+    TP -> CP -> EP -> activation checkpointing -> data parallel, then the pipeline schedule.
+    ``timed_allreduce``: a DDP part without ``cfg.comm_hook`` gets torch's plain all-reduce hook with our
+    timing (its exposed communication time is the rank's collective wait: ``workers.reliability.step_times``)."""
     s = cfg.strategy
     dims = ParallelDims.from_strategy(s, world_size)
     coords = dims.coordinates(rank)
@@ -174,8 +182,9 @@ def parallelize(
         if dims.replicas > 1 or s.zero_stage > 0:
             if s.zero_stage == 0 and dims.tp == 1:
                 ignored = [n for n, p in part.named_parameters() if is_expert_param(p)]
+                hook = cfg.comm_hook or ("allreduce" if timed_allreduce else None)
                 wrapped, comm_state = apply_ddp(
-                    part, replica_mesh.get_group(), device, ignored, cfg.comm_hook, bucket_cap_mb
+                    part, replica_mesh.get_group(), device, ignored, hook, bucket_cap_mb
                 )
                 if comm_state is not None:
                     comm_states.append(comm_state)

@@ -25,6 +25,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from workers.reliability.step_times import blocking_wait
 from workers.training import device as device_mod
 
 RANK_METRICS_EVERY = 5
@@ -71,7 +72,8 @@ def gather_rank_metrics(device: torch.device) -> list[dict]:
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world > 1:
         everyone = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(everyone, mine)
+        with blocking_wait.timed():  # the straggler watch's collective wait (step_times)
+            dist.all_gather(everyone, mine)
     else:
         everyone = [mine]
     rows = []

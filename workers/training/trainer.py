@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workers.green.job import JobEnergy
 from workers.reliability.progress import ProgressWriter, process_start_unix, restart_count
+from workers.reliability.step_times import StepTimesWriter, blocking_wait
 from workers.training import device as device_mod
 from workers.training import system_metrics
 from workers.training.checkpoint import SnapshotInfo, SnapshotManager, SnapshotRecord
@@ -135,12 +136,19 @@ class Trainer:
         if not dist.is_initialized():
             dist.init_process_group(self.device_choice.backend, rank=rank, world_size=world_size)
         self._agree_on_restart()
+        self.step_times = StepTimesWriter.from_env(rank, restart=self.restart)
+        """Every rank's step time and collective wait, one line per step, for the supervisor's straggler watch
+        (:mod:`workers.reliability.step_times`); None when no supervisor watches."""
         if self.progress is not None:
             self.progress.event("start", t=process_start_unix())
         torch.manual_seed(cfg.seed)
 
         model = Transformer.build(cfg.model, cfg.seed)
-        self.pm: ParallelModel = parallelize(model, cfg, self.device, world_size, rank)
+        # a watched DDP job without a hook of its own: torch's plain all-reduce hook, timed (the step's
+        # collective wait; bitwise the same gradients as DDP's built-in reduction, see step_times)
+        self.pm: ParallelModel = parallelize(
+            model, cfg, self.device, world_size, rank, timed_allreduce=self.step_times is not None
+        )
         params = list(self.pm.parameters())
         # Expert weights in a group of their own: sharded on another mesh (edp) than the rest, or plain
         # tensors beside DTensors; a foreach step cannot mix either. Each group is homogeneous.
@@ -356,7 +364,8 @@ class Trainer:
         )
         packed = torch.cat([head, loads.flatten().double()])
         if self.world_size > 1:
-            dist.all_reduce(packed)
+            with blocking_wait.timed():
+                dist.all_reduce(packed)
         grad_norm = float(packed[0].sqrt())
         loss = float(packed[1] / packed[2].clamp(min=1))
         global_loads = packed[3:].view_as(loads).float()
@@ -486,6 +495,9 @@ class Trainer:
                     self.publisher.submit("train", values, step=result.step)
                     self.publish_seconds += time.perf_counter() - t_pub
                 self._publish_energy(result.step)
+                if self.step_times is not None:  # after the loop's last collective: the whole iteration
+                    exposed = (result.comm or {}).get("comm_s_exposed")
+                    self.step_times.record(result.step, wait_s=(exposed or 0.0) + blocking_wait.take())
                 now = time.monotonic()
                 if now - last_print >= LOG_EVERY_S or result.step in (first, end):
                     last_print = now
@@ -1044,6 +1056,8 @@ class Trainer:
         self.publisher.close()
         if self.energy is not None:
             self.energy.close()
+        if self.step_times is not None:
+            self.step_times.close()
         if self.progress is not None:
             self.progress.close()
         for st in self.pm.comm_states:

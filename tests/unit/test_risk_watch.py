@@ -1,0 +1,103 @@
+"""A node's fault-risk loop (``workers.reliability.risk_watch``): step lines in, ``telemetry`` and ``risk``
+events out, on the poller's thread."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.unit.test_straggler import sync_dp_steps
+from workers.reliability.risk_watch import NodeRiskWatch, risk_level
+from workers.reliability.step_times import StepTimesWriter
+
+
+def write_job(directory, ranks, seconds, slow_rank=None, slow_after=1008.0):
+    """Step lines of ``ranks`` (job rank numbers) as their writers would put them, one slowed after a time."""
+    writers = {r: StepTimesWriter(directory, r, restart=0) for r in ranks}
+    for t, step, rows in sync_dp_steps(
+        len(ranks), seconds, extra=lambda i, t, s: 0.06 if ranks[i] == slow_rank and t > slow_after else 0.0
+    ):
+        for i, step_time, wait in rows:
+            writers[ranks[i]].record(step, wait_s=wait, step_time_s=step_time, at=t)
+    for w in writers.values():
+        w.close()
+
+
+def watch_for(tmp_path, events, **kw):
+    return NodeRiskWatch(
+        tmp_path,
+        node=kw.pop("node", "n1"),
+        node_rank=kw.pop("node_rank", 1),
+        local_ranks=kw.pop("local_ranks", 4),
+        publish=lambda kind, values, step: events.append((kind, values, step)),
+        collectors=[],
+        clock=lambda: 5000.0,
+        **kw,
+    )
+
+
+def test_a_straggler_among_a_nodes_ranks_is_one_risk_event_named_by_its_job_rank(tmp_path):
+    """Node 1 runs job ranks 4-7 in a directory of its own: rank 6 is flagged as rank 6, at once."""
+    write_job(tmp_path, [4, 5, 6, 7], 20, slow_rank=6)
+    events = []
+    watch = watch_for(tmp_path, events)
+    watch.poll()
+    raised = [v for k, v, _ in events if k == "risk" and v.get("flag", {}).get("event") == "raised"]
+    assert len(raised) == 1
+    flag = raised[0]["flag"]
+    assert flag["rank"] == 6 and flag["reason"].startswith("rank 6 ") and flag["detected_unix"] == 5000.0
+    assert raised[0]["risk"] == 1.0 and raised[0]["level"] == "high" and raised[0]["node"] == "n1"
+    assert {r["rank"] for r in raised[0]["ranks"]} == {4, 5, 6, 7}
+    assert "no failure model" in raised[0]["failure"]["absent"]
+    assert watch.flags == [flag] and watch.report()["scored_ranks"] == [4, 5, 6, 7]
+
+
+def test_telemetry_events_carry_what_is_absent_once_and_a_risk_score_each(tmp_path):
+    write_job(tmp_path, [0, 1, 2, 3], 3)
+    events = []
+    watch = watch_for(tmp_path, events, node_rank=0, telemetry_every_s=0.05).start()
+    time.sleep(0.3)
+    watch.stop()
+    telemetry = [v for k, v, _ in events if k == "telemetry"]
+    risk = [v for k, v, _ in events if k == "risk"]
+    assert len(telemetry) >= 3 and len(risk) == len(telemetry)
+    assert telemetry[0]["node"] == "n1" and telemetry[0]["node_rank"] == 0 and telemetry[0]["attempt"] == 1
+    assert "absent" in telemetry[0] and all("absent" not in v for v in telemetry[1:])
+    assert risk[-1]["level"] == "low" and 0.0 <= risk[-1]["risk"] < 0.6
+    steps = [s for k, _, s in events if k == "telemetry"]
+    assert steps[-1] == max(steps) > 0  # each event is placed at the newest step seen
+
+
+def test_in_a_shared_directory_only_node_0_scores_and_two_ranks_are_too_few(tmp_path):
+    write_job(tmp_path, [0, 1, 2, 3], 20, slow_rank=2)  # two nodes of two ranks, one directory
+    other, mine = [], []
+    watch_for(tmp_path, other, node_rank=1, local_ranks=2).poll()
+    assert other == []  # node 1 leaves the scoring to node 0
+    watch_for(tmp_path, mine, node_rank=0, local_ranks=2).poll()
+    assert [v["flag"]["rank"] for k, v, _ in mine if "flag" in v] == [2]
+
+    lonely = tmp_path / "two"
+    write_job(lonely, [0, 1], 5)
+    events = []
+    watch = watch_for(lonely, events, local_ranks=2, telemetry_every_s=0.05).start()
+    time.sleep(0.1)
+    watch.stop()
+    last = [v for k, v, _ in events if k == "risk"][-1]
+    assert last["straggler"]["absent"].startswith("2 rank(s): a straggler needs at least 3")
+
+
+def test_a_failing_publisher_is_counted_and_the_watch_goes_on(tmp_path):
+    write_job(tmp_path, [0, 1, 2, 3], 20, slow_rank=1)
+
+    def down(kind, values, step):
+        raise ConnectionError("Redis is away")
+
+    watch = NodeRiskWatch(tmp_path, node="n0", node_rank=0, local_ranks=4, publish=down, collectors=[])
+    watch.poll()
+    assert watch.publish_errors >= 1 and [f["rank"] for f in watch.flags] == [1]
+
+
+@pytest.mark.parametrize(("risk", "level"), [(None, None), (0.0, "low"), (0.6, "medium"), (0.85, "high")])
+def test_risk_levels_follow_the_prevention_tiers(risk, level):
+    assert risk_level(risk) == level

@@ -1,0 +1,305 @@
+"""One node's fault-risk loop, run by the node's supervisor beside the recovery watch (pure engine).
+
+:class:`NodeRiskWatch` is polled from :func:`workers.training.supervisor.supervise` (``on_poll``), on the
+supervisor's thread, while the node's ranks train:
+
+- **telemetry**: a :class:`~workers.reliability.telemetry.sampler.TelemetrySampler` samples this node's
+  sources (psutil, NVML, npu-smi; each absent one says why) and the job's own signals (per-rank step time,
+  collective wait, heartbeat age, fed from the ranks' step lines) every ``telemetry_every_s`` on a background
+  thread, under its CPU budget; :meth:`poll` publishes each sample as a ``telemetry`` event. What the
+  sources cannot give (``absent``) is sent with the first sample and again only when it changes.
+- **straggler risk**: the ranks' step lines (:mod:`.step_times`) feed a
+  :class:`~workers.reliability.straggler.StragglerDetector`; a rank flagged, or cleared, is a ``risk`` event
+  at once, and every sample interval a ``risk`` event carries each rank's score.
+- **failure risk** (optional): a trained failure model (``cann-train faults train``; loaded with
+  :func:`workers.reliability.risk.evaluate.load_model`) scores the node's telemetry over its horizon through
+  :class:`~workers.reliability.risk.live.LiveRiskScorer`. Without one the risk event says so: the node's risk
+  is then the straggler score alone, never a made-up figure.
+
+The node's risk is the larger of the two; its level follows issue 14's tiers: ``high`` at 0.85 (act),
+``medium`` at 0.6 (warn), else ``low``. This module only measures and reports; a prevention policy acts on
+the events.
+
+Which ranks. Every rank of the job writes its step lines into the progress directory of the node it runs on,
+so a node's watch compares its own ranks (a straggler among a node's 8 ranks). Where nodes share the
+directory (one machine, a shared filesystem: the watch sees more ranks than the node runs), only node 0's
+watch scores them, over every rank of the job, and the others publish telemetry only.
+
+Events (``workers/events.py``; ``values``)::
+
+    telemetry: {"node", "node_rank", "attempt", "sampled_at", "source", "metrics", ["absent"], ["info"], "cost"}
+    risk:      {"node", "node_rank", "attempt", "risk", "level", "ranks": [{"rank", "score", "share",
+                "flagged", "reason"}...], "straggler": {"signal", "steps_scored", ...},
+                "failure": {"risk", "model", "trained_on", "horizon_s", ...} | {"absent": why},
+                ["flag": the flag just raised or cleared]}
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workers.reliability.step_times import StepTimesReader
+from workers.reliability.straggler import StragglerDetector, StragglerPolicy
+from workers.reliability.telemetry.base import TelemetrySample
+from workers.reliability.telemetry.job import JobSignals
+from workers.reliability.telemetry.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, collectors_for_node
+
+log = logging.getLogger(__name__)
+
+WARN_RISK = 0.6  # issue 14's prevention tiers: warn (event + badge) ...
+ACT_RISK = 0.85  # ... snapshot now, then drain or rebalance
+
+
+def risk_level(risk: float | None) -> str | None:
+    """``high`` / ``medium`` / ``low`` for a risk in [0, 1] (None: not scored)."""
+    if risk is None:
+        return None
+    return "high" if risk >= ACT_RISK else "medium" if risk >= WARN_RISK else "low"
+
+
+Publish = Callable[[str, dict[str, Any], int | None], None]
+"""``publish(kind, values, step)``: put an event on the job's stream."""
+
+
+class NodeRiskWatch:
+    def __init__(
+        self,
+        progress_dir: str | Path,
+        *,
+        node: str,
+        node_rank: int,
+        local_ranks: int,
+        publish: Publish,
+        attempt: int = 1,
+        telemetry_every_s: float = DEFAULT_INTERVAL_S,
+        straggler_policy: StragglerPolicy | None = None,
+        failure_model=None,
+        failure_model_absent: str = "no failure model is configured (train one: cann-train faults train)",
+        collectors: list | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        if local_ranks < 1:
+            raise ValueError(f"local_ranks must be >= 1, got {local_ranks!r}")
+        self.dir = Path(progress_dir)
+        self.node, self.node_rank, self.local_ranks = node, int(node_rank), int(local_ranks)
+        self.attempt = int(attempt)
+        self.publish = publish
+        self.policy = straggler_policy or StragglerPolicy()
+        self._clock = clock
+        self.reader = StepTimesReader(self.dir)
+        self.signals = JobSignals()
+        self.detector: StragglerDetector | None = None
+        self._ranks: list[int] = []  # the job ranks the detector compares, in index order
+        self._index: dict[int, int] = {}
+        self.scoring = True  # False: another node's watch scores the shared directory
+        self.flags: list[dict] = []
+        self.published = {"telemetry": 0, "risk": 0}
+        self.publish_errors = 0
+        self.last_step: int | None = None
+        self._samples: queue.SimpleQueue[TelemetrySample] = queue.SimpleQueue()
+        self._absent_sent: dict[str, str] | None = None
+        self.scorer = None
+        self.failure_absent = failure_model_absent
+        if failure_model is not None:
+            from workers.reliability.risk.live import LiveRiskScorer
+
+            self.scorer = LiveRiskScorer(failure_model)
+        self.sampler = TelemetrySampler(
+            collectors if collectors is not None else collectors_for_node(job=self.signals),
+            callback=self._samples.put,
+            interval_s=telemetry_every_s,
+            node=node,
+        )
+
+    # ------------------------------------------------------------------------------------------ running
+
+    def start(self) -> NodeRiskWatch:
+        self.sampler.start()
+        return self
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.poll()  # the samples and flags of the last interval
+
+    def __enter__(self) -> NodeRiskWatch:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def poll(self) -> None:
+        """Read the ranks' new step lines, score them, publish what is new (on the caller's thread)."""
+        lines = self.reader.read_new()
+        if lines:
+            self._ensure_detector()
+        for line in lines:
+            self._observe(line)
+        while True:
+            try:
+                sample = self._samples.get_nowait()
+            except queue.Empty:
+                break
+            self._publish_sample(sample)
+
+    # ---------------------------------------------------------------------------------------- the ranks
+
+    def _ensure_detector(self) -> None:
+        """(Re)build the detector over the ranks whose step files are here. Every rank creates its file
+        before its first step, and no step ends before every rank has started, so the set is whole by the
+        time the first lines arrive; it grows only when ranks join (a regrown group)."""
+        seen = sorted(
+            int(p.name[len("steps_rank") : -len(".jsonl")])
+            for p in self.dir.glob("steps_rank*.jsonl")
+            if p.name[len("steps_rank") : -len(".jsonl")].isdigit()
+        )
+        if seen == self._ranks and self.detector is not None:
+            return
+        self._ranks = seen
+        self._index = {r: i for i, r in enumerate(seen)}
+        shared = len(seen) > self.local_ranks
+        self.scoring = not shared or self.node_rank == 0
+        self.detector = StragglerDetector(max(1, len(seen)), self.policy) if self.scoring else None
+
+    def _observe(self, line: dict) -> None:
+        rank, step_s = line.get("rank"), line.get("step_s")
+        if not isinstance(rank, int) or step_s is None:
+            return
+        wait = line.get("wait_s")
+        t = float(line.get("t") or self._clock())
+        try:
+            self.signals.record_step(
+                rank=rank, step=int(line["step"]), step_time_s=float(step_s), collective_wait_s=wait
+            )
+        except (ValueError, TypeError):
+            return
+        self.last_step = max(self.last_step or 0, int(line["step"]))
+        if self.detector is None or rank not in self._index:
+            return
+        try:
+            raised = self.detector.observe(
+                rank=self._index[rank],
+                step=int(line["step"]),
+                step_time_s=float(step_s),
+                collective_wait_s=None if wait is None else float(wait),
+                t=t,
+                restart=int(line.get("restart", 0)),
+            )
+        except (ValueError, TypeError):
+            return
+        cleared = [
+            f for f in self.detector.flags if f.cleared_t is not None and not getattr(f, "_sent", False)
+        ]
+        for flag in raised:
+            self._send_flag(flag, "raised")
+        for flag in cleared:
+            self._send_flag(flag, "cleared")
+
+    def _send_flag(self, flag, what: str) -> None:
+        flag._sent = what == "cleared"
+        d = {**flag.to_dict(), "rank": self._ranks[flag.rank], "event": what, "detected_unix": self._clock()}
+        d["reason"] = d["reason"].replace(f"rank {flag.rank} ", f"rank {d['rank']} ", 1)
+        if what == "raised":
+            self.flags.append(d)
+        self._publish_risk(flag=d)
+
+    # ------------------------------------------------------------------------------------------ events
+
+    def _send(self, kind: str, values: dict, step: int | None) -> None:
+        try:
+            self.publish(kind, values, step)
+            self.published[kind] += 1
+        except Exception:  # noqa: BLE001 - a publishing failure must not stop the watch or the training
+            self.publish_errors += 1
+            if self.publish_errors == 1:
+                log.warning("node %s: %s event not published", self.node, kind, exc_info=True)
+
+    def _publish_sample(self, sample: TelemetrySample) -> None:
+        values = {**sample.to_event_values(), "node_rank": self.node_rank, "attempt": self.attempt}
+        if values.get("absent") == self._absent_sent:
+            values.pop("absent", None)  # unchanged since it was last sent
+        else:
+            self._absent_sent = dict(values.get("absent") or {})
+        self._send("telemetry", values, self.last_step)
+        if self.scorer is not None:
+            self.scorer.add(sample)
+        self._publish_risk()
+
+    def ranks_report(self) -> list[dict]:
+        if self.detector is None:
+            return []
+        report = self.detector.report()["ranks"]
+        for row in report:
+            job_rank = self._ranks[row["rank"]]
+            row["rank"] = job_rank
+            if row["reason"]:
+                row["reason"] = row["reason"].replace(
+                    f"rank {self._index[job_rank]} ", f"rank {job_rank} ", 1
+                )
+        return report
+
+    def failure_risk(self) -> dict:
+        if self.scorer is None:
+            return {"absent": self.failure_absent}
+        scored = self.scorer.score(self.node)
+        if scored is None:
+            return {"absent": "no telemetry sample yet", "model": self.scorer.model.name}
+        kept = scored["samples"]
+        needed = self.scorer.keep
+        if kept < needed:  # the model's window is not filled yet: its figure would not mean what it says
+            return {
+                "absent": f"{kept} of the {needed} samples {self.scorer.interval_s:.0f} s apart the model "
+                "scores are in so far",
+                "model": scored["model"],
+                "trained_on": scored["trained_on"],
+            }
+        return scored
+
+    def _publish_risk(self, *, flag: dict | None = None) -> None:
+        if not self.scoring:
+            return
+        ranks = self.ranks_report()
+        failure = self.failure_risk()
+        parts = [r["score"] for r in ranks] + ([failure["risk"]] if "risk" in failure else [])
+        risk = round(max(parts), 4) if parts else None
+        det = self.detector
+        values: dict[str, Any] = {
+            "node": self.node,
+            "node_rank": self.node_rank,
+            "attempt": self.attempt,
+            "risk": risk,
+            "level": risk_level(risk),
+            "ranks": ranks,
+            "straggler": {
+                "signal": det.report()["signal"] if det is not None else None,
+                "steps_scored": det.steps_scored if det is not None else 0,
+                "buckets_scored": det.buckets_scored if det is not None else 0,
+                "min_ranks": self.policy.min_ranks,
+                **(
+                    {
+                        "absent": f"{len(self._ranks)} rank(s): a straggler needs at least {self.policy.min_ranks} to compare"
+                    }
+                    if len(self._ranks) < self.policy.min_ranks
+                    else {}
+                ),
+            },
+            "failure": failure,
+        }
+        if flag is not None:
+            values["flag"] = flag
+        self._send("risk", values, self.last_step)
+
+    def report(self) -> dict:
+        """JSON-ready: what the watch saw (flags raised, events published) and what telemetry cost."""
+        return {
+            "node": self.node,
+            "flags": self.flags,
+            "published": dict(self.published),
+            "publish_errors": self.publish_errors,
+            "telemetry": self.sampler.describe(),
+            "scored_ranks": self._ranks if self.scoring else [],
+        }
