@@ -156,6 +156,12 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         "interruptible, the predicted kgco2e in its window beside kgco2e_now and saving_pct, and slot_end_at "
         "(when the current slot ends: it pauses then, if a later slot is to come)"
     )
+    risk = serializers.SerializerMethodField(
+        help_text="fault risk now (null before the first risk event of the current attempt): risk 0-1 and level "
+        "(low / medium at 0.6 / high at 0.85) of the riskiest node, protected (takes snapshots), badge (high, "
+        "medium, else unprotected or low), per node its newest score with flagged ranks and reasons, straggler "
+        "and failure-model details, and the straggler flags raised in the attempt"
+    )
     elastic_index = serializers.SerializerMethodField(
         help_text="ETI = scaling efficiency x goodput x device utilisation (each factor with its inputs, null "
         "with the reason when unknown) and the maturity level L0-L5 with each criterion met or not"
@@ -199,6 +205,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "goodput",
             "energy",
             "schedule",
+            "risk",
             "elastic_index",
             "created_at",
             "started_at",
@@ -223,6 +230,12 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         from controlplane.green.selectors import job_energy
 
         return job_energy(job)
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_risk(self, job) -> dict | None:
+        from controlplane.jobs.selectors import job_risk
+
+        return job_risk(job)
 
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
     def get_schedule(self, job) -> dict | None:

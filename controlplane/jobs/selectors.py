@@ -486,3 +486,72 @@ def elastic_index(job: TrainingJob) -> dict:
             recovered=recovered,
         ),
     }
+
+
+# --- fault risk (workers/reliability/risk_watch.py publishes one risk event per node and sample) --------
+
+RISK_EVENTS_PER_NODE = 4
+"""How many of the newest risk events per node are read to find each node's newest one."""
+
+
+def job_risk(job: TrainingJob) -> dict | None:
+    """The job's fault risk now, from the newest ``risk`` event of each node of its current attempt: the
+    job's level (its riskiest node's), each node's risk with its flagged ranks and reasons, the flags raised
+    in the attempt so far, whether the job is protected (takes snapshots: a failure costs it steps, not the
+    run), and the dashboard's ``badge``: ``high`` / ``medium`` when a node is at that level, else
+    ``unprotected`` for a job without snapshots, else ``low``. None before the attempt's first risk event."""
+    from workers.reliability.risk_watch import risk_level
+
+    recent = list(
+        StreamEvent.objects.filter(stream=job.stream, kind="risk")
+        .order_by("-seq")
+        .values_list("values", "time")[: RISK_EVENTS_PER_NODE * max(1, job.nnodes or 1)]
+    )
+    attempt = job.attempts or 1
+    nodes: dict[str, dict] = {}
+    for values, at in recent:
+        if not isinstance(values, dict) or int(values.get("attempt") or 1) != attempt:
+            continue
+        name = str(values.get("node"))
+        if name in nodes:
+            continue
+        ranks = [r for r in values.get("ranks") or [] if isinstance(r, dict)]
+        nodes[name] = {
+            "node": name,
+            "node_rank": values.get("node_rank"),
+            "risk": values.get("risk"),
+            "level": values.get("level"),
+            "at": at.isoformat().replace("+00:00", "Z"),
+            "flagged": [
+                {"rank": r.get("rank"), "reason": r.get("reason")} for r in ranks if r.get("flagged")
+            ],
+            "straggler": values.get("straggler"),
+            "failure": values.get("failure"),
+        }
+    if not nodes:
+        return None
+    scored = [n["risk"] for n in nodes.values() if isinstance(n["risk"], int | float)]
+    risk = max(scored) if scored else None
+    level = risk_level(risk)
+    protected = bool(job.snapshots_enabled)
+    flags = list(
+        StreamEvent.objects.filter(stream=job.stream, kind="risk", values__has_key="flag")
+        .order_by("seq")
+        .values_list("values", flat=True)[:200]
+    )
+    return {
+        "risk": risk,
+        "level": level,
+        "protected": protected,
+        "badge": level if level in ("high", "medium") else ("low" if protected else "unprotected"),
+        "nodes": sorted(
+            nodes.values(), key=lambda n: (n["node_rank"] is None, n["node_rank"] or 0, n["node"])
+        ),
+        "flags": [
+            v["flag"] | {"node": v.get("node")}
+            for v in flags
+            if isinstance(v, dict)
+            and int(v.get("attempt") or 1) == attempt
+            and isinstance(v.get("flag"), dict)
+        ],
+    }

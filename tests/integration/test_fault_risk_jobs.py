@@ -81,6 +81,10 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
             time.sleep(0.2)
         assert healthy and healthy[-1]["straggler"]["buckets_scored"] >= 5, healthy[-1:]
         assert not [e for e in healthy if "flag" in e], [e["flag"] for e in healthy if "flag" in e]
+        risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
+        # no snapshots: a failure would cost the whole run, which the badge says while the risk is low
+        assert risk["level"] == "low" and risk["badge"] == "unprotected" and risk["flags"] == []
+        assert risk["protected"] is False and len(risk["nodes"]) == 1
         assert {row["rank"] for row in healthy[-1]["ranks"]} == set(range(RANKS))
         assert healthy[-1]["level"] == "low"
 
@@ -105,4 +109,6 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     assert flag["t"] >= bursts.started_unix and flag["signal"] == "compute"
     assert f"rank {DEGRADED_RANK} " in flag["reason"] and "wait for it" in flag["reason"]
     assert flags[0]["level"] == "high" and flags[0]["risk"] == 1.0
+    risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
+    assert risk["badge"] == "high" and [f["rank"] for f in risk["flags"]][:1] == [DEGRADED_RANK]
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=60).state == "cancelled"
