@@ -3,7 +3,7 @@ step-time files it reads, and the degradations the bench applies (on real child 
 
 The synthetic job: each rank computes for ``c_r`` seconds (log-normal jitter, rare 3x hiccups); the
 all-reduce starts when the last rank arrives, so every rank's step lasts ``max(c) + comm`` and rank ``r``
-waits ``max(c) - c_r + comm`` -- the shape the real 4-rank job shows (tests/integration/test_fault_detect.py).
+waits ``max(c) - c_r + comm`` -- the shape the real 4-rank job shows (bench/fault_detect.py, tests/integration/test_fault_risk_jobs.py).
 """
 
 from __future__ import annotations
