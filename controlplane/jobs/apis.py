@@ -160,7 +160,8 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         help_text="fault risk now (null before the first risk event of the current attempt): risk 0-1 and level "
         "(low / medium at 0.6 / high at 0.85) of the riskiest node, protected (takes snapshots), badge (high, "
         "medium, else unprotected or low), per node its newest score with flagged ranks and reasons, straggler "
-        "and failure-model details, and the straggler flags raised in the attempt"
+        "and failure-model details, the straggler flags raised in the attempt, and the prevention actions (warn, "
+        "snapshot-now: requested, done with its outcome, refused, observed or unanswered)"
     )
     elastic_index = serializers.SerializerMethodField(
         help_text="ETI = scaling efficiency x goodput x device utilisation (each factor with its inputs, null "
@@ -387,6 +388,12 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     )
     snapshot_keep = serializers.IntegerField(
         min_value=1, max_value=1000, required=False, help_text="snapshots kept (retention)"
+    )
+    risk_policy = serializers.ChoiceField(
+        choices=["act", "observe"],
+        required=False,
+        help_text="what the fault-risk loop may do: act (default: at a risk of 0.85 snapshot now, for a job "
+        "that snapshots) or observe (report the risk and what it would have done, never act)",
     )
     snapshot_memory_every = serializers.IntegerField(
         min_value=0,

@@ -303,7 +303,7 @@ def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, loc
     on the job's stream, read from the same progress directory as the recovery ``watch``. Events go through
     ``publish_after_commit``, which keeps them in the database while Redis is away (nothing is lost)."""
     from controlplane.live.services import publish_after_commit
-    from workers.reliability.risk_watch import NodeRiskWatch
+    from workers.reliability.risk_watch import NodeRiskWatch, PreventionPolicy
     from workers.training.supervisor import node_name
 
     model, absent = failure_model()
@@ -316,6 +316,8 @@ def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, loc
         telemetry_every_s=settings.TELEMETRY_EVERY_S,
         failure_model=model,
         failure_model_absent=absent,
+        prevention=PreventionPolicy(mode=(job.config or {}).get("risk_policy") or "act"),
+        protected=job.snapshots_enabled,
         publish=lambda kind, values, step: publish_after_commit(job.stream, kind, values, step=step),
     )
 

@@ -490,7 +490,7 @@ def elastic_index(job: TrainingJob) -> dict:
 
 # --- fault risk (workers/reliability/risk_watch.py publishes one risk event per node and sample) --------
 
-RISK_EVENTS_PER_NODE = 4
+RISK_EVENTS_PER_NODE = 12
 """How many of the newest risk events per node are read to find each node's newest one."""
 
 
@@ -499,7 +499,8 @@ def job_risk(job: TrainingJob) -> dict | None:
     job's level (its riskiest node's), each node's risk with its flagged ranks and reasons, the flags raised
     in the attempt so far, whether the job is protected (takes snapshots: a failure costs it steps, not the
     run), and the dashboard's ``badge``: ``high`` / ``medium`` when a node is at that level, else
-    ``unprotected`` for a job without snapshots, else ``low``. None before the attempt's first risk event."""
+    ``unprotected`` for a job without snapshots, else ``low``; and the prevention actions (warn, snapshot-now,
+    with their status and outcome). None before the attempt's first risk event."""
     from workers.reliability.risk_watch import risk_level
 
     recent = list(
@@ -510,8 +511,8 @@ def job_risk(job: TrainingJob) -> dict | None:
     attempt = job.attempts or 1
     nodes: dict[str, dict] = {}
     for values, at in recent:
-        if not isinstance(values, dict) or int(values.get("attempt") or 1) != attempt:
-            continue
+        if not isinstance(values, dict) or int(values.get("attempt") or 1) != attempt or "action" in values:
+            continue  # (an action's event says what was done, not the node's scores)
         name = str(values.get("node"))
         if name in nodes:
             continue
@@ -539,6 +540,19 @@ def job_risk(job: TrainingJob) -> dict | None:
         .order_by("seq")
         .values_list("values", flat=True)[:200]
     )
+    actions = list(
+        StreamEvent.objects.filter(stream=job.stream, kind="risk", values__has_key="action")
+        .order_by("seq")
+        .values_list("values", flat=True)[:200]
+    )
+
+    def of_attempt(rows: list, key: str) -> list[dict]:
+        return [
+            v[key] | {"node": v.get("node")}
+            for v in rows
+            if isinstance(v, dict) and int(v.get("attempt") or 1) == attempt and isinstance(v.get(key), dict)
+        ]
+
     return {
         "risk": risk,
         "level": level,
@@ -547,11 +561,6 @@ def job_risk(job: TrainingJob) -> dict | None:
         "nodes": sorted(
             nodes.values(), key=lambda n: (n["node_rank"] is None, n["node_rank"] or 0, n["node"])
         ),
-        "flags": [
-            v["flag"] | {"node": v.get("node")}
-            for v in flags
-            if isinstance(v, dict)
-            and int(v.get("attempt") or 1) == attempt
-            and isinstance(v.get("flag"), dict)
-        ],
+        "flags": of_attempt(flags, "flag"),
+        "actions": of_attempt(actions, "action"),
     }

@@ -114,6 +114,7 @@ RUN_OPTIONS = (
     "snapshot_memory_every",
     "inject",
     "energy",
+    "risk_policy",
 )
 
 

@@ -4,10 +4,12 @@ supervisor streaming telemetry and risk, one rank degraded mid-run from outside.
 The job is the project's runtime under torchrun on 4 CPU ranks (DDP over gloo), supervised by the Celery
 worker of the session's live stack, whose risk watch (``workers.reliability.risk_watch``) follows the ranks'
 step lines. After ``HEALTHY_S`` seconds of training rank 3 is stopped (SIGSTOP) for 0.5 s every second until
-a ``risk`` event flags a rank. One job, two checks: its healthy first part (the detector's five one-second
+a ``risk`` event flags a rank. One job, three checks: its healthy first part (the detector's five one-second
 buckets filled) must raise no flag -- the "no flag on a healthy run of the same job" check, without doubling
-the test's time -- and the degraded part must flag rank 3, and only rank 3, within 10 s (issue 14, "Done
-when"). ``bench/fault_detect.py`` runs whole healthy and degraded runs side by side.
+the test's time --, the degraded part must flag rank 3, and only rank 3, within 10 s (issue 14, "Done
+when"), and the high risk must trigger the prevention loop's first actions: a warning, then a snapshot now,
+which the ranks take off the job's cadence while the job goes on training. ``bench/fault_detect.py`` runs
+whole healthy and degraded runs side by side.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
         "training": {**example("training.json"), "global_batch_size": 2 * RANKS},
         "steps": 100_000,  # stopped by the test
         "device": "cpu",
+        "snapshot_every": 100_000,  # protected, but no periodic snapshot while the test runs
     }
     r = alice_client.post("/api/jobs/", body, format="json")
     assert r.status_code == 201, r.content
@@ -82,9 +85,8 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
         assert healthy and healthy[-1]["straggler"]["buckets_scored"] >= 5, healthy[-1:]
         assert not [e for e in healthy if "flag" in e], [e["flag"] for e in healthy if "flag" in e]
         risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
-        # no snapshots: a failure would cost the whole run, which the badge says while the risk is low
-        assert risk["level"] == "low" and risk["badge"] == "unprotected" and risk["flags"] == []
-        assert risk["protected"] is False and len(risk["nodes"]) == 1
+        assert risk["level"] == "low" and risk["badge"] == "low" and risk["flags"] == risk["actions"] == []
+        assert risk["protected"] is True and len(risk["nodes"]) == 1
         assert {row["rank"] for row in healthy[-1]["ranks"]} == set(range(RANKS))
         assert healthy[-1]["level"] == "low"
 
@@ -98,6 +100,19 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
         while not flags and time.time() - bursts.started_unix < GOAL_S + 3.0:
             flags = [e for e in risk_events(job.stream) if e.get("flag", {}).get("event") == "raised"]
             time.sleep(0.1)
+        # the prevention loop: warned, a snapshot asked for and taken, and the job trains on after it
+        actions, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline and not any(a["status"] == "done" for a in actions[1:]):
+            actions = [e["action"] for e in risk_events(job.stream) if "action" in e]
+            time.sleep(0.2)
+        bursts.stop()
+        done = [a for a in actions if a["action"] == "snapshot-now" and a["status"] == "done"]
+        assert done, actions
+        trained_after, deadline = 0, time.monotonic() + 30
+        while time.monotonic() < deadline and trained_after < 20:
+            newest = max(d.get("step") or 0 for d in read_progress(progress).values())
+            trained_after = newest - done[0]["outcome"]["step"]
+            time.sleep(0.2)
     finally:
         if bursts is not None:
             bursts.stop()
@@ -111,4 +126,16 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     assert flags[0]["level"] == "high" and flags[0]["risk"] == 1.0
     risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
     assert risk["badge"] == "high" and [f["rank"] for f in risk["flags"]][:1] == [DEGRADED_RANK]
+    assert [(a["action"], a["status"]) for a in risk["actions"]][:3] == [
+        ("warn", "sent"),
+        ("snapshot-now", "requested"),
+        ("snapshot-now", "done"),
+    ], risk["actions"]
+    outcome = done[0]["outcome"]
+    assert outcome["step"] >= flag["step"] and outcome["stall_s"] >= 0 and outcome["snapshot"]
+    assert outcome["previous_snapshot_step"] is None and outcome["steps_protected"] is None  # the first one
+    assert f"rank {DEGRADED_RANK} " in done[0]["reason"] and done[0]["risk"] >= 0.85
+    assert trained_after >= 20, "the job did not train on after its snapshot"
+    snapshots = alice_client.get(f"/api/jobs/{job.pk}/").json()["snapshots"]
+    assert any(s["step"] == outcome["step"] for s in snapshots), snapshots
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=60).state == "cancelled"

@@ -101,3 +101,79 @@ def test_a_failing_publisher_is_counted_and_the_watch_goes_on(tmp_path):
 @pytest.mark.parametrize(("risk", "level"), [(None, None), (0.0, "low"), (0.6, "medium"), (0.85, "high")])
 def test_risk_levels_follow_the_prevention_tiers(risk, level):
     assert risk_level(risk) == level
+
+
+# ------------------------------------------------------------------------------------------- prevention
+
+
+def flagged_watch(tmp_path, events, **kw):
+    write_job(tmp_path, [0, 1, 2, 3], 20, slow_rank=2)
+    watch = watch_for(tmp_path, events, node_rank=0, **kw)
+    watch.poll()
+    return watch
+
+
+def actions_of(events):
+    return [(v["action"]["action"], v["action"]["status"]) for k, v, _ in events if "action" in v]
+
+
+def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outcome(tmp_path):
+    from workers.reliability.snapshot_now import SnapshotRequests
+
+    events = []
+    watch = flagged_watch(tmp_path, events, protected=True)
+    assert actions_of(events) == [("warn", "sent"), ("snapshot-now", "requested")]
+    requested = watch.actions[-1]
+    assert requested["risk"] == 1.0 and requested["reason"].startswith("risk 1.00: rank 2 ")
+    ranks = SnapshotRequests(tmp_path)  # local rank 0's side
+    assert ranks.pending()["id"] == requested["request"]
+    watch.poll()
+    assert len(watch.actions) == 2  # waiting for the ranks' answer; the open episode asks no more
+    ranks.answer(step=230, name="step-000230", stall_s=0.12, previous_step=200)
+    assert ranks.pending() is None
+    watch.poll()
+    done = watch.actions[-1]
+    assert (done["action"], done["status"]) == ("snapshot-now", "done")
+    assert done["outcome"]["step"] == 230 and done["outcome"]["steps_protected"] == 30
+    assert done["outcome"]["stall_s"] == 0.12 and done["outcome"]["snapshot"] == "step-000230"
+
+
+def test_no_action_on_an_observe_only_job_or_one_without_snapshots_and_an_unanswered_request(tmp_path):
+    from workers.reliability.risk_watch import PreventionPolicy
+    from workers.reliability.snapshot_now import REQUEST
+
+    events = []
+    flagged_watch(tmp_path / "observe", events, protected=True, prevention=PreventionPolicy(mode="observe"))
+    assert actions_of(events) == [("warn", "sent"), ("snapshot-now", "observed")]
+    assert not (tmp_path / "observe" / REQUEST).exists()  # nothing asked of the ranks
+
+    events = []
+    watch = flagged_watch(tmp_path / "bare", events, protected=False)
+    assert actions_of(events) == [("warn", "sent"), ("snapshot-now", "refused")]
+    assert "takes no snapshots" in watch.actions[-1]["note"]
+
+    events, now = [], [5000.0]
+    watch = NodeRiskWatch(
+        tmp_path / "stuck",
+        node="n0",
+        node_rank=0,
+        local_ranks=4,
+        publish=lambda kind, values, step: events.append((kind, values, step)),
+        collectors=[],
+        protected=True,
+        prevention=PreventionPolicy(answer_timeout_s=30.0),
+        clock=lambda: now[0],
+    )
+    write_job(tmp_path / "stuck", [0, 1, 2, 3], 20, slow_rank=2)
+    watch.poll()
+    now[0] += 31.0
+    watch.poll()
+    assert actions_of(events)[-1] == ("snapshot-now", "unanswered")
+
+
+def test_bad_prevention_policies_are_refused():
+    from workers.reliability.risk_watch import PreventionPolicy
+
+    for bad in [{"mode": "drain-everything"}, {"warn_at": 0.9, "act_at": 0.8}, {"warn_at": 0.0}]:
+        with pytest.raises(ValueError):
+            PreventionPolicy(**bad)

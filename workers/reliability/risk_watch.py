@@ -17,8 +17,21 @@ supervisor's thread, while the node's ranks train:
   is then the straggler score alone, never a made-up figure.
 
 The node's risk is the larger of the two; its level follows issue 14's tiers: ``high`` at 0.85 (act),
-``medium`` at 0.6 (warn), else ``low``. This module only measures and reports; a prevention policy acts on
-the events.
+``medium`` at 0.6 (warn), else ``low``.
+
+**Prevention** (:class:`PreventionPolicy`, per job: ``act`` or ``observe``). Each action is a ``risk``
+event with an ``action`` (``{"action", "status", "reason", "risk", "at_unix", ...}``), kept in
+:attr:`NodeRiskWatch.actions`, with its outcome when it has one:
+
+- ``warn`` at 0.6, once per episode (an episode ends when the risk falls below 0.6 again);
+- ``snapshot-now`` at 0.85, once per episode and at most every ``snapshot_cooldown_s``: the node's ranks are
+  asked for a snapshot off the job's cadence (:mod:`.snapshot_now`); its outcome is the step it was taken
+  at, the stall it cost and the steps it protects (those since the snapshot before it: what a failure of
+  the node would otherwise have cost the job). ``refused`` for a job that takes no snapshots, ``observed``
+  (not taken) under the ``observe`` policy, ``unanswered`` when the ranks did not take it within
+  ``answer_timeout_s``.
+
+Draining the node (an elastic shrink onto healthy nodes) and rebalancing a straggler are not built yet.
 
 Which ranks. Every rank of the job writes its step lines into the progress directory of the node it runs on,
 so a node's watch compares its own ranks (a straggler among a node's 8 ranks). Where nodes share the
@@ -40,9 +53,11 @@ import logging
 import queue
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.reliability import snapshot_now
 from workers.reliability.step_times import StepTimesReader
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
@@ -60,6 +75,27 @@ def risk_level(risk: float | None) -> str | None:
     if risk is None:
         return None
     return "high" if risk >= ACT_RISK else "medium" if risk >= WARN_RISK else "low"
+
+
+@dataclass(frozen=True)
+class PreventionPolicy:
+    """What the watch may do about a node's risk (issue 14's tiers; ``mode`` is the job's ``risk_policy``)."""
+
+    mode: str = "act"
+    """``act`` or ``observe`` (report the risk and what would have been done; never act)."""
+    warn_at: float = WARN_RISK
+    act_at: float = ACT_RISK
+    snapshot_cooldown_s: float = 120.0
+    """At most one snapshot-now per this many seconds on a node (assumption: a snapshot of the job's state
+    every few minutes bounds what a failure costs, and more would stall training for little)."""
+    answer_timeout_s: float = 120.0
+    """A snapshot the ranks did not take within this long is ``unanswered`` (they may be stopped or hung)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("act", "observe"):
+            raise ValueError(f"mode must be act or observe, got {self.mode!r}")
+        if not 0 < self.warn_at <= self.act_at <= 1:
+            raise ValueError(f"need 0 < warn_at <= act_at <= 1, got {self.warn_at}, {self.act_at}")
 
 
 Publish = Callable[[str, dict[str, Any], int | None], None]
@@ -81,8 +117,12 @@ class NodeRiskWatch:
         failure_model=None,
         failure_model_absent: str = "no failure model is configured (train one: cann-train faults train)",
         collectors: list | None = None,
+        prevention: PreventionPolicy | None = None,
+        protected: bool = False,
         clock: Callable[[], float] = time.time,
     ):
+        """``protected``: the job takes snapshots (a snapshot now is possible, and a failure costs steps, not
+        the run)."""
         if local_ranks < 1:
             raise ValueError(f"local_ranks must be >= 1, got {local_ranks!r}")
         self.dir = Path(progress_dir)
@@ -90,6 +130,13 @@ class NodeRiskWatch:
         self.attempt = int(attempt)
         self.publish = publish
         self.policy = straggler_policy or StragglerPolicy()
+        self.prevention = prevention or PreventionPolicy()
+        self.protected = bool(protected)
+        self.actions: list[dict] = []
+        self._warned = False  # the open episode (risk >= warn_at) was warned about
+        self._acted = False  # ... and acted on (risk >= act_at)
+        self._request: dict | None = None  # the snapshot-now action waiting for the ranks' answer
+        self._last_request_unix: float | None = None
         self._clock = clock
         self.reader = StepTimesReader(self.dir)
         self.signals = JobSignals()
@@ -145,6 +192,8 @@ class NodeRiskWatch:
             except queue.Empty:
                 break
             self._publish_sample(sample)
+        if self._request is not None:
+            self._follow_request()
 
     # ---------------------------------------------------------------------------------------- the ranks
 
@@ -292,6 +341,105 @@ class NodeRiskWatch:
         if flag is not None:
             values["flag"] = flag
         self._send("risk", values, self.last_step)
+        self._prevent(risk, ranks, failure)
+
+    # -------------------------------------------------------------------------------------- prevention
+
+    def _why(self, risk: float, ranks: list[dict], failure: dict) -> str:
+        flagged = [r["reason"] for r in ranks if r.get("flagged") and r.get("reason")]
+        if flagged:
+            return f"risk {risk:.2f}: {flagged[0]}"
+        if "risk" in failure and failure["risk"] >= risk:
+            return (
+                f"risk {risk:.2f}: the {failure.get('model')} failure model over {failure.get('horizon_s')} s"
+            )
+        top = max(ranks, key=lambda r: r["score"], default=None)
+        return f"risk {risk:.2f}: rank {top['rank']}'s straggler score" if top else f"risk {risk:.2f}"
+
+    def _action(self, action: str, status: str, risk: float | None, reason: str, **more) -> dict:
+        d = {
+            "action": action,
+            "status": status,
+            "risk": risk,
+            "reason": reason,
+            "at_unix": self._clock(),
+            **more,
+        }
+        self.actions.append(d)
+        self._send(
+            "risk",
+            {"node": self.node, "node_rank": self.node_rank, "attempt": self.attempt, "risk": risk,
+             "level": risk_level(risk), "action": d},
+            self.last_step,
+        )  # fmt: skip
+        return d
+
+    def _prevent(self, risk: float | None, ranks: list[dict], failure: dict) -> None:
+        p = self.prevention
+        if risk is None or risk < p.warn_at:
+            self._warned = self._acted = False  # the episode is over
+            return
+        why = self._why(risk, ranks, failure)
+        if not self._warned:
+            self._warned = True
+            self._action("warn", "sent", risk, why)
+        if risk < p.act_at or self._acted:
+            return
+        now = self._clock()
+        if p.mode == "observe":
+            self._acted = True
+            self._action("snapshot-now", "observed", risk, why, note="the job's risk policy is observe only")
+        elif not self.protected:
+            self._acted = True
+            self._action(
+                "snapshot-now",
+                "refused",
+                risk,
+                why,
+                note="the job takes no snapshots: nothing to protect it with",
+            )
+        elif self._request is None and (
+            self._last_request_unix is None or now - self._last_request_unix >= p.snapshot_cooldown_s
+        ):
+            self._acted = True
+            self._last_request_unix = now
+            rid = snapshot_now.request_snapshot(self.dir, reason=why)
+            self._request = self._action(
+                "snapshot-now", "requested", risk, why, request=rid, at_step=self.last_step
+            )
+
+    def _follow_request(self) -> None:
+        req = self._request
+        done = snapshot_now.answer(self.dir, req["request"])
+        if done is not None:
+            self._request = None
+            previous = done.get("previous_step")
+            self._action(
+                "snapshot-now",
+                "done",
+                req["risk"],
+                req["reason"],
+                request=req["request"],
+                outcome={
+                    "step": done["step"],
+                    "snapshot": done.get("name"),
+                    "stall_s": done.get("stall_s"),
+                    "seconds_after_request": round(done["at_unix"] - req["at_unix"], 3),
+                    "previous_snapshot_step": previous,
+                    # what a failure of the node now no longer costs: the steps since the snapshot before
+                    "steps_protected": None if previous is None else done["step"] - previous,
+                },
+            )
+        elif self._clock() - req["at_unix"] > self.prevention.answer_timeout_s:
+            self._request = None
+            self._action(
+                "snapshot-now",
+                "unanswered",
+                req["risk"],
+                req["reason"],
+                request=req["request"],
+                note=f"the ranks took no snapshot within {self.prevention.answer_timeout_s:.0f} s",
+            )
 
     def report(self) -> dict:
         """JSON-ready: what the watch saw (flags raised, events published) and what telemetry cost."""
@@ -300,6 +448,8 @@ class NodeRiskWatch:
             "flags": self.flags,
             "published": dict(self.published),
             "publish_errors": self.publish_errors,
+            "actions": self.actions,
+            "prevention": asdict(self.prevention),
             "telemetry": self.sampler.describe(),
             "scored_ranks": self._ranks if self.scoring else [],
         }

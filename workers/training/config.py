@@ -132,6 +132,8 @@ RUNTIME_TRAINING_DEFAULTS: dict[str, Any] = {"global_batch_size": 8, "dtype": "f
 RUNTIME_DTYPES = ("fp32", "bf16", "fp16")
 SNAPSHOT_DELTAS = ("xor", "log")
 """``JobConfig.snapshot_delta``: the kinds of snapshot taken between full ones (docs/elastic.md)."""
+RISK_POLICIES = ("act", "observe")
+"""``JobConfig.risk_policy``: whether the fault-risk loop may act on the job (docs/fault_risk.md)."""
 # One step's gradients, zstd, were 3.04x smaller than a full snapshot of the same 99.5M-parameter AdamW
 # state (bench/elastic.py, docs/elastic.md): a log of 4 or more steps is larger than a full snapshot.
 LOG_MAX_SNAPSHOT_EVERY = 3
@@ -210,6 +212,10 @@ class JobConfig:
     """The job's snapshot directory, one filesystem seen by every rank."""
     snapshot_full_every: int = 4
     """A full snapshot every M snapshots, lossless deltas in between (1: all full)."""
+    risk_policy: str = "act"
+    """What the node's risk watch may do (``workers.reliability.risk_watch``): ``act`` -- at a risk of 0.85
+    ask for a snapshot now (a job that takes snapshots) -- or ``observe`` -- only report the risk and what it
+    would have done. The ranks ignore it; their supervisor reads it."""
     snapshot_delta: str = "xor"
     """What the snapshots between full ones are: ``xor`` -- the whole state XORed with the last full one
     (any ``snapshot_every``; ~1.1x smaller for AdamW) -- or ``log`` -- the gradients the optimizer consumed
@@ -385,6 +391,10 @@ class JobConfig:
                 parse_faults(kwargs["inject"])
             except ValueError as exc:
                 raise ConfigError("inject", str(exc)) from None
+        if "risk_policy" in kwargs and kwargs["risk_policy"] not in RISK_POLICIES:
+            raise ConfigError(
+                "risk_policy", f"must be one of {', '.join(RISK_POLICIES)}, got {kwargs['risk_policy']!r}"
+            )
         if "snapshot_delta" in kwargs and kwargs["snapshot_delta"] not in SNAPSHOT_DELTAS:
             raise ConfigError(
                 "snapshot_delta",

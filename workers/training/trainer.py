@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workers.green.job import JobEnergy
 from workers.reliability.progress import ProgressWriter, process_start_unix, restart_count
+from workers.reliability.snapshot_now import SnapshotRequests
 from workers.reliability.step_times import StepTimesWriter, blocking_wait
 from workers.training import device as device_mod
 from workers.training import system_metrics
@@ -139,6 +140,10 @@ class Trainer:
         self.step_times = StepTimesWriter.from_env(rank, restart=self.restart)
         """Every rank's step time and collective wait, one line per step, for the supervisor's straggler watch
         (:mod:`workers.reliability.step_times`); None when no supervisor watches."""
+        self.snapshot_requests = SnapshotRequests.from_env() if local_rank == 0 else None
+        """Local rank 0 of each node: the node's supervisor may ask for a snapshot now (a prevention action,
+        :mod:`workers.reliability.snapshot_now`); the step's packed all-reduce carries it to every rank."""
+        self._snapshot_now = False
         if self.progress is not None:
             self.progress.event("start", t=process_start_unix())
         torch.manual_seed(cfg.seed)
@@ -350,7 +355,7 @@ class Trainer:
         pm.finish_grads()
 
         # One small all-reduce per step carries everything rank 0 reports and clipping needs:
-        # [grad_norm^2, loss sum, loss count, expert loads (moe layers x experts)].
+        # [grad_norm^2, loss sum, loss count, snapshot-now requests, expert loads (moe layers x experts)].
         loads = self._collect_expert_load()
         contributes_loss = local_loss is not None and pm.coords["tp"] == 0
         head = torch.stack(
@@ -360,6 +365,11 @@ class Trainer:
                     self.device
                 ),
                 torch.tensor(1.0 if contributes_loss else 0.0, dtype=torch.float64, device=self.device),
+                torch.tensor(
+                    1.0 if self.snapshot_requests is not None and self.snapshot_requests.pending() else 0.0,
+                    dtype=torch.float64,
+                    device=self.device,
+                ),
             ]
         )
         packed = torch.cat([head, loads.flatten().double()])
@@ -368,7 +378,8 @@ class Trainer:
                 dist.all_reduce(packed)
         grad_norm = float(packed[0].sqrt())
         loss = float(packed[1] / packed[2].clamp(min=1))
-        global_loads = packed[3:].view_as(loads).float()
+        self._snapshot_now = bool(packed[3] > 0)  # the same sum on every rank: all snapshot after this step
+        global_loads = packed[4:].view_as(loads).float()
 
         if cfg.grad_clip > 0 and grad_norm > cfg.grad_clip:
             coef = cfg.grad_clip / (grad_norm + 1e-6)
@@ -1026,16 +1037,28 @@ class Trainer:
             self._snapshot_buffers_started = True
             like = self.logged_parameters() if self.snapshots.delta == "log" else None
             self.snapshots.prepare_async(self.snapshot_state(), like)
-        if not every or self.step % every:
+        forced, self._snapshot_now = self._snapshot_now, False
+        if not forced and (not every or self.step % every):
             return
+        previous = self.snapshots.records[-1].step if self.snapshots.records else None
         record: SnapshotRecord = self.snapshots.save(
             self.step,
             self.snapshot_state,
-            info={"loss": result.loss, "attempt": self.attempt},
+            info={"loss": result.loss, "attempt": self.attempt, **({"requested": True} if forced else {})},
             log_state=self.log_state,
         )
         # a log's gradient copies were counted at the steps that paid for them (train_step)
         result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s - record.record_s
+        if forced:  # a node's supervisor asked for it (a prevention action): say when it was taken
+            if self.snapshot_requests is not None:
+                self.snapshot_requests.answer(
+                    step=self.step, name=record.name, stall_s=record.stall_s, previous_step=previous
+                )
+            if self.progress is not None:
+                self.progress.event("snapshot-now", step=self.step, name=record.name, stall_s=record.stall_s)
+            self._print(
+                f"snapshot {record.name} now, as the node's supervisor asked (stall {record.stall_s:.3f} s)"
+            )
 
     def _snapshot_summary(self) -> dict:
         records = self.snapshots.records if self.snapshots is not None else []
