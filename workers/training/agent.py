@@ -34,6 +34,16 @@ def run_rank(*argv: str) -> int:
     # rank in the middle of a collective would leave its peers waiting for the collective timeout.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    # torchrun sets OMP_NUM_THREADS (1 per rank when a node runs several) in the agent after torch was
+    # imported, and OpenMP read it at that import: a forked rank kept the agent's pool (one thread per core),
+    # so N ranks ran N x cores threads (measured: 2-3 s steps instead of ~0.1 s for the tiny 4-rank job of
+    # tests/integration/test_fault_risk_jobs.py on 2 cores). The rank sets its own pool from the variable.
+    import os
+
+    import torch
+
+    if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
     from workers.training import run
 
     return run.main(list(argv))
