@@ -216,6 +216,14 @@ class FaultKind(models.TextChoices):
     RANK_FAILED = "rank-failed"
     WORKER_LOST = "worker-lost"
     NODE_LOST = "node-lost"  # one node of an elastic job ended or went silent; the others went on
+    NODE_DRAINED = (
+        "node-drained"  # the fault-risk loop took a risky node out of an elastic job; the others went on
+    )
+
+
+WITHOUT_THE_NODE = (FaultKind.NODE_LOST, FaultKind.NODE_DRAINED)
+"""Faults after which an elastic job goes on without one of its nodes (the attempt settles without it; the
+recovery they cost is the torchrun restart of the nodes left, which their own watch records and counts)."""
 
 
 class JobFault(models.Model):

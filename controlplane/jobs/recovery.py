@@ -100,13 +100,26 @@ def _apply_recovery(row: JobFault, recovery: dict) -> None:
         row.message = f"{row.message} · the resume skipped {said}".strip(" ·")[:MESSAGE_CHARS]
 
 
-def record_fault(*, job_id: int, attempt: int, fault: dict) -> JobFault | None:
+def record_fault(*, job_id: int, attempt: int, fault: dict, node_rank: int | None = None) -> JobFault | None:
     """A rank was killed, hung or failed: keep it; the job is recovering when it has a restart left (its
     torchrun restarts the ranks from the newest good snapshot), else the fault ends the attempt. The ranks a
-    cancel stops are no fault (None)."""
+    cancel stops are no fault (None), nor what the watch of a node the job gave up reports (``node_rank``:
+    the reporting node, lost or drained: the job goes on without it, and its ranks were stopped for that;
+    where nodes share a progress directory it also sees the others' ranks re-form, which their own watch
+    reports)."""
+    from controlplane.jobs.models import JobNode
+
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job_id)
         if job.cancel_requested:
+            return None
+        if (
+            node_rank is not None
+            and job.elastic
+            and JobNode.objects.filter(
+                job=job, attempt=attempt, node_rank=node_rank, state=JobState.FAILED
+            ).exists()
+        ):
             return None
         # torchrun was given the restarts left when the attempt started (``node_run``)
         recoverable = job.snapshots_enabled and restarts_left(job) > 0
@@ -237,15 +250,18 @@ def store_elastic_report(*, job: TrainingJob, attempt: int, report: dict) -> dic
     return goodput
 
 
-def watch_callbacks(job_id: int, attempt: int) -> dict[str, Callable[[dict], None]]:
-    """``on_fault``, ``on_recovered``, ``on_snapshot`` for ``ElasticWatch``: each one write that never
-    raises into the engine."""
+def watch_callbacks(
+    job_id: int, attempt: int, node_rank: int | None = None
+) -> dict[str, Callable[[dict], None]]:
+    """``on_fault``, ``on_recovered``, ``on_snapshot`` for ``ElasticWatch`` (of node ``node_rank``): each one
+    write that never raises into the engine."""
 
     def quietly(write, what: str):
         def call(payload: dict) -> None:
             try:
                 close_old_connections()
-                write(job_id=job_id, attempt=attempt, **{what: payload})
+                extra = {"node_rank": node_rank} if what == "fault" else {}
+                write(job_id=job_id, attempt=attempt, **{what: payload}, **extra)
             except Exception:  # noqa: BLE001 - the engine must go on; the end-of-run report fills in
                 log.warning("job %s attempt %s: %s not recorded", job_id, attempt, what, exc_info=True)
 
@@ -294,7 +310,7 @@ def elastic_watch_for(job: TrainingJob, attempt: int, node_rank: int, workdir: P
         # restart a healthy group to let a node join, which is no fault
         fresh=not job.elastic or node_rank == 0,
         membership_changes=job.elastic,
-        **watch_callbacks(job.pk, attempt),
+        **watch_callbacks(job.pk, attempt, node_rank),
     )
 
 
@@ -318,6 +334,7 @@ def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, loc
         failure_model_absent=absent,
         prevention=PreventionPolicy(mode=(job.config or {}).get("risk_policy") or "act"),
         protected=job.snapshots_enabled,
+        drain=lambda node, reason: node_drain(job_id=job.pk, attempt=attempt, node_name=node, reason=reason),
         publish=lambda kind, values, step: publish_after_commit(job.stream, kind, values, step=step),
     )
 
@@ -469,6 +486,61 @@ def record_node_lost(*, job: TrainingJob, node, message: str) -> JobFault:
     return fault
 
 
+def node_drain(*, job_id: int, attempt: int, node_name: str, reason: str) -> dict:
+    """The fault-risk loop's drain (``workers.reliability.risk_watch``): take node ``node_name`` out of the
+    elastic job's running attempt so that the others go on without it (their agents re-form the group on
+    the nodes left, resharded from the newest snapshot). The node is failed with a ``node-drained`` fault;
+    its next heartbeat tells its supervisor to stop its ranks (as for a node called lost), and it is not
+    offered back to this attempt. Refused, saying why, where it cannot work: a job that is not elastic, node
+    0 (it hosts the rendezvous store), or too few nodes left for ``min_nodes``. Returns ``{"status": "done"
+    | "refused", "note"}``."""
+    from controlplane.jobs.models import JobNode
+    from controlplane.jobs.services import _alive
+
+    now = timezone.now()
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job_id)
+        if job.attempts != attempt or job.state not in TrainingJob.ACTIVE_STATES:
+            return {"status": "refused", "note": f"the job's attempt {attempt} is not running any more"}
+        if not job.elastic:
+            return {
+                "status": "refused",
+                "note": f"the job is not elastic (min_nodes = nnodes = {job.nnodes}): it cannot go on without a node",
+            }
+        nodes = list(job.nodes.filter(attempt=attempt))
+        node = next(
+            (n for n in nodes if n.node_name == node_name and n.state not in TrainingJob.TERMINAL_STATES),
+            None,
+        )
+        if node is None:
+            return {"status": "refused", "note": f"no running node {node_name!r} in attempt {attempt}"}
+        if node.node_rank == 0:
+            return {
+                "status": "refused",
+                "note": "node 0 hosts the rendezvous store: the others cannot go on without it",
+            }
+        going_on = [n for n in nodes if n.pk != node.pk and _alive(n, now)]
+        if len(going_on) < job.min_nodes:
+            return {
+                "status": "refused",
+                "note": f"{len(going_on)} node(s) would be left, fewer than min_nodes = {job.min_nodes}",
+            }
+        JobNode.objects.filter(pk=node.pk).update(state=JobState.FAILED, finished_at=now)
+        fault = _fault_at_last_step(
+            job,
+            attempt=attempt,
+            kind=FaultKind.NODE_DRAINED,
+            message=f"drained by the fault-risk loop ({reason})"[:MESSAGE_CHARS],
+            detected_at=now,
+            recovered_at=now,
+            node_rank=node.node_rank,
+            node_name=node.node_name,
+        )
+        note = f"node {node.node_name} (node rank {node.node_rank}) drained: the job goes on on {len(going_on)} node(s)"
+        _event(job, {"fault": fault_values(fault), "attempt": attempt, "message": f"{note}."})
+    return {"status": "done", "note": note, "node_rank": node.node_rank, "nodes_left": len(going_on)}
+
+
 def reap_lost_nodes(*, now=None, stale_after=None) -> list[int]:
     """Elastic jobs whose attempt goes on while one of its nodes went silent (its worker died: no heartbeat
     for ``stale_after``, default ``HEARTBEAT_TIMEOUT``): that node is failed with a ``node-lost`` fault and
@@ -569,7 +641,13 @@ def _grow(job_id: int, node_queues: list[str]) -> list[str]:
             return []
         nodes = list(job.nodes.filter(attempt=job.attempts))
         live = [n for n in nodes if n.state not in TrainingJob.TERMINAL_STATES]
-        busy = {n.node_name for n in live}
+        # a node drained for its risk is not taken back into the attempt it was drained from
+        drained = set(
+            job.faults.filter(attempt=job.attempts, kind=FaultKind.NODE_DRAINED).values_list(
+                "node_name", flat=True
+            )
+        )
+        busy = {n.node_name for n in live} | drained
         free = [q for q in node_queues if q.removeprefix(NODE_QUEUE_PREFIX) not in busy]
         joining = free[: job.nnodes - len(live)]
         rank = max((n.node_rank for n in nodes), default=-1) + 1

@@ -12,7 +12,7 @@ from django.db.models import F, Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
 from controlplane.common.models import JobState
-from controlplane.jobs.models import FaultKind, JobFault, JobSnapshot, TrainingJob
+from controlplane.jobs.models import WITHOUT_THE_NODE, JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
 from workers.training import examples
@@ -401,7 +401,7 @@ def restarts_left(job: TrainingJob) -> int:
     the nodes left, which their own watch records (a rank fault) and counts."""
     used = (
         JobFault.objects.filter(job=job, attempt__gte=job.restart_budget_from)
-        .exclude(kind=FaultKind.NODE_LOST)
+        .exclude(kind__in=WITHOUT_THE_NODE)
         .count()
     )
     return max(0, job.max_restarts - used)

@@ -733,7 +733,15 @@ def node_finished(
         if summary is not None:
             job.measured = summary
         goodput = None
-        if elastic and node.attempt == job.attempts and (node.node_rank == 0 or job.goodput is None):
+        # a node the elastic job gave up (lost, drained) reports the ranks stopped for that: no fault of the
+        # job's, which goes on without it, and no goodput of the job's either
+        dropped = job.elastic and given_up
+        if (
+            elastic
+            and not dropped
+            and node.attempt == job.attempts
+            and (node.node_rank == 0 or job.goodput is None)
+        ):
             goodput = store_elastic_report(job=job, attempt=node.attempt, report=elastic)
         elif job.goodput and summary is not None:  # another node's summary: the goodput stays in it
             job.measured = {**job.measured, "goodput": job.goodput}
@@ -774,11 +782,11 @@ def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now
     """Every node of the job's current attempt has ended: the job ends (inside the caller's transaction,
     ``job`` locked). An elastic job leaves out the nodes it lost (``node-lost`` faults): it succeeded when
     the nodes that went on to the end did."""
-    from controlplane.jobs.models import FaultKind
+    from controlplane.jobs.models import WITHOUT_THE_NODE
 
     if job.elastic:
         lost = set(
-            job.faults.filter(attempt=job.attempts, kind=FaultKind.NODE_LOST).values_list(
+            job.faults.filter(attempt=job.attempts, kind__in=WITHOUT_THE_NODE).values_list(
                 "node_rank", flat=True
             )
         )

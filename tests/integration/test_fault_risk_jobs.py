@@ -126,11 +126,13 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     assert flags[0]["level"] == "high" and flags[0]["risk"] == 1.0
     risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
     assert risk["badge"] == "high" and [f["rank"] for f in risk["flags"]][:1] == [DEGRADED_RANK]
-    assert [(a["action"], a["status"]) for a in risk["actions"]][:3] == [
+    assert [(a["action"], a["status"]) for a in risk["actions"]][:4] == [
         ("warn", "sent"),
         ("snapshot-now", "requested"),
         ("snapshot-now", "done"),
+        ("drain", "refused"),  # one node, not elastic: nowhere to go on
     ], risk["actions"]
+    assert "not elastic" in risk["actions"][3]["note"]
     outcome = done[0]["outcome"]
     assert outcome["step"] >= flag["step"] and outcome["stall_s"] >= 0 and outcome["snapshot"]
     assert outcome["previous_snapshot_step"] is None and outcome["steps_protected"] is None  # the first one
@@ -139,3 +141,70 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     snapshots = alice_client.get(f"/api/jobs/{job.pk}/").json()["snapshots"]
     assert any(s["step"] == outcome["step"] for s in snapshots), snapshots
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=60).state == "cancelled"
+
+
+def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_goes_on(
+    live_stack, alice_client
+):
+    """Two node workers (node-a, node-b) run an elastic job (1-2 nodes, 2 ranks each). A rank of node-b is
+    stopped in bursts: node 0's risk watch (the nodes share this machine's progress directory, so it scores
+    all four ranks) flags it, asks for a snapshot now, then drains node-b through the control plane. The
+    group re-forms on node-a alone (4 -> 2 ranks, resharded from that snapshot), node-b is not taken back,
+    and the job goes on training."""
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.jobs.selectors import online_node_queues
+    from controlplane.stack import stop
+    from tests.conftest import wait_for
+    from tests.integration.test_elastic_jobs import _start_node_worker, _starts, _training_on
+    from tests.integration.test_job_restore_api import job_body
+
+    workers = {name: _start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
+    bursts = None
+    try:
+        wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
+        body = job_body(strategy={"dp": 4}, steps=100_000, max_nodes=2, min_nodes=1, snapshot_every=1000,
+                        max_restarts=5, profile_every=0)  # fmt: skip
+        r = alice_client.post("/api/jobs/", body, format="json")
+        assert r.status_code == 201, r.content
+        job_id, stream = r.json()["id"], r.json()["stream"]
+        wait_for(lambda: _training_on(stream, 4, 10), 120, "both nodes to train together")
+        progress = (
+            Path(live_stack.env["CANN_TRAIN_VAR_DIR"]) / "jobs" / str(job_id) / "attempt-1" / "progress"
+        )
+        on_b = sorted(r for r, d in read_progress(progress).items() if d.get("node") == "node-b")
+        assert len(on_b) == 2, read_progress(progress)
+        together = _starts(stream)[-1][0]
+        bursts = StopBursts(read_progress(progress)[on_b[-1]]["pid"], stop_s=0.5, every_s=1.0, jitter_s=0.2,
+                            seed=2).start()  # fmt: skip
+
+        def drained():
+            actions = [e["action"] for e in risk_events(stream) if "action" in e]
+            return [a for a in actions if a["action"] == "drain"] and actions
+
+        actions = wait_for(drained, 60, "the risk watch to drain node-b")
+        bursts.stop()
+        wait_for(lambda: _training_on(stream, 2, 10, after_seq=together), 120, "node-a to go on alone")
+        # the survivors' restart is a recovery of theirs (a rank fault, recovered when they train again)
+        job = wait_for(
+            lambda: (j := TrainingJob.objects.get(pk=job_id)).state == "running" and j,
+            60,
+            "the job running again",
+        )
+        assert job.attempts == 1, (job.state, job.human_readable_error)
+        alice_client.post(f"/api/jobs/{job_id}/cancel/")
+        job = wait_for(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the cancel")
+    finally:
+        if bursts is not None:
+            bursts.stop()
+        stop(list(workers.values()))
+    steps = [(a["action"], a["status"]) for a in actions]
+    assert steps[:4] == [("warn", "sent"), ("snapshot-now", "requested"), ("snapshot-now", "done"),
+                         ("drain", "done")], actions  # fmt: skip
+    drain = actions[3]
+    assert drain["node"] == "node-b" and drain["nodes_left"] == 1 and "rank" in drain["reason"]
+    [fault] = job.faults.filter(kind="node-drained")
+    assert (fault.node_rank, fault.node_name) == (1, "node-b") and "fault-risk loop" in fault.message
+    # node-b was not offered back to the attempt it was drained from
+    nodes = list(job.nodes.filter(attempt=1).values_list("node_name", flat=True))
+    assert nodes == ["node-a", "node-b"], nodes
+    assert job.state == "cancelled"

@@ -120,8 +120,13 @@ def actions_of(events):
 def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outcome(tmp_path):
     from workers.reliability.snapshot_now import SnapshotRequests
 
-    events = []
-    watch = flagged_watch(tmp_path, events, protected=True)
+    events, drained = [], []
+
+    def drain(node, reason):
+        drained.append((node, reason))
+        return {"status": "done", "note": f"node {node} drained", "nodes_left": 1}
+
+    watch = flagged_watch(tmp_path, events, protected=True, drain=drain)
     assert actions_of(events) == [("warn", "sent"), ("snapshot-now", "requested")]
     requested = watch.actions[-1]
     assert requested["risk"] == 1.0 and requested["reason"].startswith("risk 1.00: rank 2 ")
@@ -132,10 +137,29 @@ def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outco
     ranks.answer(step=230, name="step-000230", stall_s=0.12, previous_step=200)
     assert ranks.pending() is None
     watch.poll()
-    done = watch.actions[-1]
+    done = watch.actions[-2]
     assert (done["action"], done["status"]) == ("snapshot-now", "done")
     assert done["outcome"]["step"] == 230 and done["outcome"]["steps_protected"] == 30
     assert done["outcome"]["stall_s"] == 0.12 and done["outcome"]["snapshot"] == "step-000230"
+    # then the node goes: the flagged rank's node (no progress file names it here: this node)
+    assert actions_of(events)[-1] == ("drain", "done") and drained == [("n1", requested["reason"])]
+    assert watch.actions[-1]["nodes_left"] == 1 and watch.actions[-1]["node"] == "n1"
+
+
+def test_a_drain_that_cannot_be_done_is_refused_with_the_reason(tmp_path):
+    from workers.reliability.snapshot_now import SnapshotRequests
+
+    events = []
+    watch = flagged_watch(
+        tmp_path,
+        events,
+        protected=True,
+        drain=lambda node, reason: {"status": "refused", "note": "the job is not elastic"},
+    )
+    SnapshotRequests(tmp_path).answer(step=10, name="step-000010", stall_s=0.1, previous_step=None)
+    watch.poll()
+    assert actions_of(events)[-2:] == [("snapshot-now", "done"), ("drain", "refused")]
+    assert watch.actions[-1]["note"] == "the job is not elastic"
 
 
 def test_no_action_on_an_observe_only_job_or_one_without_snapshots_and_an_unanswered_request(tmp_path):
@@ -144,7 +168,7 @@ def test_no_action_on_an_observe_only_job_or_one_without_snapshots_and_an_unansw
 
     events = []
     flagged_watch(tmp_path / "observe", events, protected=True, prevention=PreventionPolicy(mode="observe"))
-    assert actions_of(events) == [("warn", "sent"), ("snapshot-now", "observed")]
+    assert actions_of(events) == [("warn", "sent"), ("snapshot-now", "observed"), ("drain", "observed")]
     assert not (tmp_path / "observe" / REQUEST).exists()  # nothing asked of the ranks
 
     events = []

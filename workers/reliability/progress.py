@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 ENV = "CANN_TRAIN_PROGRESS_DIR"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun in every rank it starts
 TIMELINE = "timeline.jsonl"
+NODE = os.environ.get("CANN_TRAIN_NODE") or socket.gethostname()
+"""The node this rank runs on, as its supervisor names it (``workers.training.supervisor.node_name``): the
+fault-risk loop drains a straggler's node by this name."""
 
 
 def restart_count() -> int:
@@ -70,6 +74,7 @@ class ProgressWriter:
         doc = {
             "rank": self.rank,
             "pid": self.pid,
+            "node": NODE,
             "restart": self.restart,
             "phase": phase,
             "step": self.step,

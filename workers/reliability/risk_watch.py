@@ -31,7 +31,13 @@ event with an ``action`` (``{"action", "status", "reason", "risk", "at_unix", ..
   (not taken) under the ``observe`` policy, ``unanswered`` when the ranks did not take it within
   ``answer_timeout_s``.
 
-Draining the node (an elastic shrink onto healthy nodes) and rebalancing a straggler are not built yet.
+- ``drain`` once that snapshot is taken: the node of each flagged rank (or this node, when the failure
+  model's risk is the higher) is taken out of an elastic job through the ``drain`` callback (the control
+  plane's ``node_drain``), and the job goes on on the nodes left from that snapshot; ``refused`` with the
+  callback's reason where it cannot be (a job that is not elastic, node 0, too few nodes left),
+  ``observed`` under ``observe``.
+
+Rebalancing a straggler (shifting micro-batches) is not built yet.
 
 Which ranks. Every rank of the job writes its step lines into the progress directory of the node it runs on,
 so a node's watch compares its own ranks (a straggler among a node's 8 ranks). Where nodes share the
@@ -58,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.reliability import snapshot_now
+from workers.reliability.progress import read_progress
 from workers.reliability.step_times import StepTimesReader
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
@@ -119,10 +126,12 @@ class NodeRiskWatch:
         collectors: list | None = None,
         prevention: PreventionPolicy | None = None,
         protected: bool = False,
+        drain: Callable[[str, str], dict] | None = None,
         clock: Callable[[], float] = time.time,
     ):
         """``protected``: the job takes snapshots (a snapshot now is possible, and a failure costs steps, not
-        the run)."""
+        the run). ``drain(node, reason) -> {"status": "done" | "refused", "note", ...}`` takes a node out of
+        the job (None: no one can; a drain is then refused saying so)."""
         if local_ranks < 1:
             raise ValueError(f"local_ranks must be >= 1, got {local_ranks!r}")
         self.dir = Path(progress_dir)
@@ -131,6 +140,7 @@ class NodeRiskWatch:
         self.publish = publish
         self.policy = straggler_policy or StragglerPolicy()
         self.prevention = prevention or PreventionPolicy()
+        self.drain = drain
         self.protected = bool(protected)
         self.actions: list[dict] = []
         self._warned = False  # the open episode (risk >= warn_at) was warned about
@@ -389,6 +399,10 @@ class NodeRiskWatch:
         if p.mode == "observe":
             self._acted = True
             self._action("snapshot-now", "observed", risk, why, note="the job's risk policy is observe only")
+            for node in self._risky_nodes(ranks, failure, risk):
+                self._action(
+                    "drain", "observed", risk, why, node=node, note="the job's risk policy is observe only"
+                )
         elif not self.protected:
             self._acted = True
             self._action(
@@ -405,8 +419,42 @@ class NodeRiskWatch:
             self._last_request_unix = now
             rid = snapshot_now.request_snapshot(self.dir, reason=why)
             self._request = self._action(
-                "snapshot-now", "requested", risk, why, request=rid, at_step=self.last_step
+                "snapshot-now",
+                "requested",
+                risk,
+                why,
+                request=rid,
+                at_step=self.last_step,
+                nodes=self._risky_nodes(ranks, failure, risk),
             )
+
+    def _risky_nodes(self, ranks: list[dict], failure: dict, risk: float) -> list[str]:
+        """The nodes to drain: those of the flagged ranks (as their progress files name them), or this node
+        when its failure risk is what crossed the line."""
+        flagged = [r["rank"] for r in ranks if r.get("flagged")]
+        if not flagged or ("risk" in failure and failure["risk"] >= risk):
+            return [self.node]
+        progress = read_progress(self.dir)
+        return sorted({str(progress.get(r, {}).get("node") or self.node) for r in flagged})
+
+    def _drain_node(self, node: str, req: dict) -> None:
+        """Once the snapshot is taken: the node goes, and the job goes on from that snapshot elsewhere."""
+        if self.drain is None:
+            self._action(
+                "drain",
+                "refused",
+                req["risk"],
+                req["reason"],
+                node=node,
+                note="nothing can drain a node here",
+            )
+            return
+        try:
+            answer = dict(self.drain(node, req["reason"]))
+        except Exception as exc:  # noqa: BLE001 - the control plane's failure is the action's outcome
+            answer = {"status": "refused", "note": f"the drain failed: {type(exc).__name__}: {exc}"}
+        status = answer.pop("status", "refused")
+        self._action("drain", status, req["risk"], req["reason"], node=node, **answer)
 
     def _follow_request(self) -> None:
         req = self._request
@@ -430,6 +478,8 @@ class NodeRiskWatch:
                     "steps_protected": None if previous is None else done["step"] - previous,
                 },
             )
+            for node in req.get("nodes") or []:
+                self._drain_node(node, req)
         elif self._clock() - req["at_unix"] > self.prevention.answer_timeout_s:
             self._request = None
             self._action(
