@@ -1,6 +1,6 @@
 """The job pages in a real Chromium against the real stack: a 2-rank CPU job trains live on its page
-(predicted vs measured step time, loss points appended as they come, the zoom kept), the launch form,
-cancel from the page, and the compare page."""
+(predicted vs measured step time, loss points appended as they come, the zoom kept, its fault risk and node
+telemetry), the launch form, cancel from the page, and the compare page."""
 
 from __future__ import annotations
 
@@ -184,6 +184,29 @@ def test_launch_form_then_reload_mid_run_keeps_zoom_and_cancel_ends_it(live_stac
     wait_for_points(page, page.evaluate(POINTS, "chart-loss") + 3)
     assert page.evaluate("() => document.getElementById('chart-loss').layout.xaxis.range") == [1, 3]
 
+    # fault risk, from the node supervisor's telemetry and risk events: two ranks are too few to find a
+    # straggler, no failure model is configured, and a job without snapshots is unprotected
+    page.wait_for_function(
+        "() => document.querySelector('#risk-nodes .straggler')?.textContent"
+        ".includes('2 rank(s): a straggler needs at least 3')",
+        timeout=30000,
+    )
+    assert "no failure model configured" in page.inner_text("#risk-nodes .failure-model")
+    assert page.get_attribute("#risk-badge", "data-badge") == "unprotected"
+    page.wait_for_function(
+        "() => document.querySelector('#telemetry-nodes .chart')?.data"
+        "?.some(t => t.meta === 'cpu.util_pct' && t.y.some(y => y != null))",
+        timeout=15000,
+    )
+    assert page.locator("#telemetry-nodes .absent-sources li").count() >= 1  # npu-smi or NVML, with why
+    # the dashboard's row of the running job carries the same badge
+    dashboard = page.context.new_page()
+    dashboard.goto(live_stack.base_url + "/")
+    badge = f"#dashboard-jobs tr[data-job='{job.pk}'] .risk-badge[data-badge=unprotected]"
+    dashboard.wait_for_selector(badge, timeout=15000)
+    assert "no snapshots" in dashboard.get_attribute(badge, "title")
+    dashboard.close()
+
     page.click("#cancel-button")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60000)
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=30).state == "cancelled"
@@ -237,4 +260,82 @@ def test_compare_page_overlays_two_jobs_and_appends_the_running_one(live_stack, 
     page.click("#compare-button")
     page.wait_for_url(f"**/jobs/compare/?ids={done.pk}%2C{running.pk}")
     assert page.locator("#compared-jobs tbody tr").count() == 2
+    assert page.js_errors == []
+
+
+def test_fault_risk_panel_shows_a_flagged_rank_its_reason_and_the_failure_models_training_data(
+    live_stack, page, alice
+):
+    """Risk and telemetry events published as a node's supervisor does (no training): a flagged rank makes
+    the job high on the dashboard and its page (the reason, the flag on the timeline and the risk chart, the
+    failure model's training data, the prevention action it set off); a metric the fixed series leave out
+    can be charted; a cleared flag comes live."""
+    from controlplane.jobs.models import TrainingJob
+    from controlplane.live.models import StreamEvent
+    from controlplane.live.services import publish
+
+    job = TrainingJob.objects.create(
+        team=alice.teams.first(), name="risky", state="running", attempts=1, config={}
+    )
+    reason = "rank 3 spent on average 46% of the time computing (not waiting) beyond the median rank"
+    failure = {"risk": 0.12, "model": "lstm", "trained_on": "42 simulated node-days (Llama 3 Table 5)"}
+    straggler = {"signal": "compute", "steps_scored": 120, "buckets_scored": 9, "min_ranks": 3}
+
+    def telemetry(step, cpu):
+        metrics = {"cpu.util_pct": cpu, "mem.used_pct": 5.2, "gpu0.power_W": 212.0}
+        metrics |= {f"job.rank{r}.step_time_p50_s": 0.05 + 0.1 * (r == 3) for r in range(4)}
+        values = {"node": "node-a", "node_rank": 0, "attempt": 1, "metrics": metrics}
+        absent = {"absent": {"npu-smi": "npu-smi is not on PATH"}} if step == 1 else {}  # sent once
+        publish(job.stream, "telemetry", values | absent, step)
+
+    def risk(step, score, flag=None):
+        flagged = score == 1.0
+        rank = dict(rank=3, score=score, share=0.45, flagged=flagged, reason=reason if flagged else None)
+        values = {"node": "node-a", "node_rank": 0, "attempt": 1, "risk": score, "ranks": [rank]}
+        values |= {"level": "high" if score >= 0.85 else "low", "straggler": straggler, "failure": failure}
+        publish(job.stream, "risk", values | ({"flag": flag} if flag else {}), step)
+
+    telemetry(1, 50.0)
+    risk(1, 0.12)
+    flag = {"rank": 3, "event": "raised", "reason": reason, "score": 1.0, "share": 0.45, "step": 118}
+    risk(118, 1.0, flag)
+    # the prevention policy's answer, an event of its own that carries no scores
+    action = {"action": "snapshot-now", "status": "refused", "risk": 1.0, "reason": reason}
+    action["note"] = "the job takes no snapshots: nothing to protect it with"
+    node_a = {"node": "node-a", "node_rank": 0, "attempt": 1}
+    publish(job.stream, "risk", node_a | {"risk": 1.0, "level": "high", "action": action}, 118)
+    telemetry(120, 90.0)
+    deadline = time.monotonic() + 20
+    while StreamEvent.objects.filter(stream=job.stream).count() < 5:
+        assert time.monotonic() < deadline, "the relay did not store the events"
+        time.sleep(0.2)
+
+    log_in(page, live_stack.base_url, "alice")
+    badge = f"#dashboard-jobs tr[data-job='{job.pk}'] .risk-badge[data-badge=high]"
+    page.wait_for_selector(badge, timeout=15000)
+    assert page.get_attribute(badge, "title").startswith("risk 1.00 (high)")
+
+    page.goto(f"{live_stack.base_url}/jobs/{job.pk}/")
+    page.wait_for_selector("#live-status[data-state=live]", timeout=15000)
+    assert page.get_attribute("#risk-badge", "data-badge") == "high"
+    node = page.inner_text("#risk-nodes .risk-node[data-node=node-a]")
+    assert "rank 3" in node and reason in node and "42 simulated node-days" in node and "9 bucket(s)" in node
+    assert "at step 118" in page.inner_text("#risk-flags li[data-event=raised]")
+    refused = page.inner_text("#risk-flags li[data-action=snapshot-now][data-status=refused]")
+    assert "nothing to protect it with" in refused
+    names = page.evaluate("() => document.getElementById('chart-risk').data.map(t => t.name)")
+    assert names == ["node-a", "flag raised", "actions"]
+    telemetry_names = page.evaluate(
+        "() => document.querySelector('#telemetry-nodes .chart').data.map(t => t.name)"
+    )
+    assert telemetry_names[:2] == ["CPU util %", "memory used %"] and len(telemetry_names) == 6
+    page.select_option("#telemetry-extra", "gpu0.power_W")  # any other metric the node reports
+    last = page.evaluate("() => document.querySelector('#telemetry-nodes .chart').data.at(-1)")
+    assert last["name"] == "gpu0.power_W" and last["y"] == [212.0, 212.0]
+    assert "npu-smi is not on PATH" in page.inner_text("#telemetry-nodes .absent-sources")
+
+    # live: the flag clears; the node is low again, which for a job without snapshots is "unprotected"
+    risk(130, 0.1, flag | {"event": "cleared", "step": 130})
+    page.wait_for_selector("#risk-flags li[data-event=cleared]", timeout=15000)
+    page.wait_for_selector("#risk-badge[data-badge=unprotected]", timeout=15000)
     assert page.js_errors == []

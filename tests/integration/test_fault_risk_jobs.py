@@ -201,7 +201,7 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
     assert steps[:4] == [("warn", "sent"), ("snapshot-now", "requested"), ("snapshot-now", "done"),
                          ("drain", "done")], actions  # fmt: skip
     drain = actions[3]
-    assert drain["node"] == "node-b" and drain["nodes_left"] == 1 and "rank" in drain["reason"]
+    assert drain["drain_node"] == "node-b" and drain["nodes_left"] == 1 and "rank" in drain["reason"]
     [fault] = job.faults.filter(kind="node-drained")
     assert (fault.node_rank, fault.node_name) == (1, "node-b") and "fault-risk loop" in fault.message
     # node-b was not offered back to the attempt it was drained from

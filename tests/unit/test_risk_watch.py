@@ -143,7 +143,7 @@ def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outco
     assert done["outcome"]["stall_s"] == 0.12 and done["outcome"]["snapshot"] == "step-000230"
     # then the node goes: the flagged rank's node (no progress file names it here: this node)
     assert actions_of(events)[-1] == ("drain", "done") and drained == [("n1", requested["reason"])]
-    assert watch.actions[-1]["nodes_left"] == 1 and watch.actions[-1]["node"] == "n1"
+    assert watch.actions[-1]["nodes_left"] == 1 and watch.actions[-1]["drain_node"] == "n1"
 
 
 def test_a_drain_that_cannot_be_done_is_refused_with_the_reason(tmp_path):

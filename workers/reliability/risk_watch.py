@@ -401,7 +401,7 @@ class NodeRiskWatch:
             self._action("snapshot-now", "observed", risk, why, note="the job's risk policy is observe only")
             for node in self._risky_nodes(ranks, failure, risk):
                 self._action(
-                    "drain", "observed", risk, why, node=node, note="the job's risk policy is observe only"
+                    "drain", "observed", risk, why, drain_node=node, note="the job's risk policy is observe only"
                 )
         elif not self.protected:
             self._acted = True
@@ -445,7 +445,7 @@ class NodeRiskWatch:
                 "refused",
                 req["risk"],
                 req["reason"],
-                node=node,
+                drain_node=node,
                 note="nothing can drain a node here",
             )
             return
@@ -454,7 +454,7 @@ class NodeRiskWatch:
         except Exception as exc:  # noqa: BLE001 - the control plane's failure is the action's outcome
             answer = {"status": "refused", "note": f"the drain failed: {type(exc).__name__}: {exc}"}
         status = answer.pop("status", "refused")
-        self._action("drain", status, req["risk"], req["reason"], node=node, **answer)
+        self._action("drain", status, req["risk"], req["reason"], drain_node=node, **answer)
 
     def _follow_request(self) -> None:
         req = self._request

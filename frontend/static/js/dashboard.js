@@ -3,9 +3,11 @@
 // Tables: the job rows follow the team's "jobs" feed and the streams of active jobs (job_rows.js), as on
 // the jobs page; a search row follows its stream while it runs (progress events carry the fraction,
 // event events the state). The panel follows one chosen stream on a socket of its own and renders each
-// event as one readable line (event_text.js); the raw JSON opens under it on click.
+// event as one readable line (event_text.js); the raw JSON opens under it on click. A running job's row
+// carries its fault-risk badge (risk.js): its API record's `risk`, then its live risk events.
 import { LiveClient } from "./live.js";
 import { LiveJobRows, TERMINAL, renderRow, timeAgo } from "./job_rows.js";
+import { LiveRiskBadges, setBadge } from "./risk.js";
 import { describeEvent } from "./event_text.js";
 import { failureLines, h, postJSON } from "./common.js";
 
@@ -90,7 +92,7 @@ function initTables(lists, panel) {
   const tbody = document.querySelector("#dashboard-jobs tbody");
   const trs = new Map([...tbody.querySelectorAll("tr[data-job]")].map((tr) => [Number(tr.dataset.job), tr]));
   const newTr = (row) => h("tr", { dataset: { job: row.id } },
-    ["id", "name", "team", "state", "progress", "tokens", "measured", "age"].map((col) =>
+    ["id", "name", "team", "state", "risk", "progress", "tokens", "measured", "age"].map((col) =>
       h("td", { dataset: { col }, class: col === "tokens" || col === "measured" ? "num" : null })));
   const onRows = (ids, added) => {
     for (const id of ids) {
@@ -106,6 +108,8 @@ function initTables(lists, panel) {
         }
       }
       renderRow(tr, row);
+      risk.track(row);
+      renderRisk(tr, row);
     }
     // the newest `recent` jobs, as the page was rendered
     const ordered = [...trs.keys()].sort((a, b) => b - a);
@@ -119,10 +123,27 @@ function initTables(lists, panel) {
     for (const id of ordered.slice(0, lists.recent)) tbody.insertBefore(trs.get(id), tbody.querySelector("tr.empty-row"));
     tbody.querySelector("tr.empty-row").hidden = trs.size > 0;
   };
+  // the risk cell: a running job's badge, else a neutral mark ("—": no score yet, or not running)
+  const renderRisk = (tr, row) => {
+    let badge = tr.querySelector("td[data-col=risk] .risk-badge");
+    if (!badge) {
+      badge = h("span", { class: "risk-badge" });
+      tr.querySelector("td[data-col=risk]").replaceChildren(badge);
+    }
+    setBadge(badge, risk.badgeOf(row));
+    if (TERMINAL.has(row.state)) badge.title = "not running: no live risk score";
+  };
+  const risk = new LiveRiskBadges({
+    onChange: (id) => { const tr = trs.get(id), row = jobs.rows.get(id); if (tr && row) renderRisk(tr, row); },
+  });
   const status = (s) => { document.body.dataset.tablesLive = s; };
   const client = new LiveClient({
     onStatus: status,
-    onEvent: (e) => (e.stream.startsWith("job/") ? jobs.onEvent(e) : searches.onEvent(e)),
+    onEvent: (e) => {
+      if (!e.stream.startsWith("job/")) { searches.onEvent(e); return; }
+      jobs.onEvent(e);
+      risk.onEvent(e);
+    },
     onNotice: (m) => jobs.onNotice(m),
     onWatching: (m) => { document.body.dataset.jobsFeed = "watching"; jobs.onWatching(m); },
   });
@@ -132,7 +153,7 @@ function initTables(lists, panel) {
   jobs.start();
   searches.start();
   setInterval(() => { for (const t of tbody.querySelectorAll("td[data-col=age] time")) t.textContent = timeAgo(t.dateTime); }, 30000);
-  return { client, jobs, searches };
+  return { client, jobs, searches, risk };
 }
 
 // ------------------------------------------------------------------------------------------ health

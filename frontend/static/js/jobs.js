@@ -4,7 +4,9 @@
 // or missed. Elastic recovery: faults are markers on the loss chart (hover: kind, RTO, steps lost), the
 // snapshots table restores the job from one, the goodput panel splits the wall time; the page starts from
 // the rows the server rendered and live `fault` / `recovery` / `snapshot` / `goodput` events update them.
+// Fault risk: `telemetry` and `risk` events feed the fault-risk and node-telemetry panels (risk.js).
 import { LiveClient } from "./live.js";
+import { FaultRiskPanel } from "./risk.js";
 import {
   COLORS, Ema, FAULT_AXIS, PLOT_CONFIG, TraceAppender, chartLayout, faultShapes, faultTrace, referenceLine,
   withReferences,
@@ -175,6 +177,8 @@ class JobDetail {
     this.faults = new Map((page.faults || []).map((f) => [f.id, f]));
     this.snapshots = new Map((page.snapshots || []).map((x) => [x.name, x]));
     this.goodput = page.goodput || null;
+    // (the page's attempt count: its queued event may not be stored yet)
+    this.risk = new FaultRiskPanel(page, () => Math.max(1, page.attempts || 0, this.series.tracker.current));
   }
 
   async start() {
@@ -205,6 +209,8 @@ class JobDetail {
         this.event(e, attempt, { live: false });
       } else if (e.kind === "energy") {
         this.energyEvent(e, attempt);
+      } else if (e.kind === "telemetry" || e.kind === "risk") {
+        this.risk.note(e, attempt);
       }
     }
     // the current attempt has its traces (empty until its first step) so a page always has attempt lines
@@ -218,6 +224,7 @@ class JobDetail {
     this.renderSnapshots();
     this.renderGoodput();
     this.renderEnergy();
+    this.risk.render();
     const log = this.el("job-log");
     log.scrollTop = log.scrollHeight;
     this.bindButtons();
@@ -484,6 +491,9 @@ class JobDetail {
     } else if (e.kind === "energy") {
       this.energyEvent(e, attempt);
       this.renderEnergy();
+    } else if (e.kind === "telemetry" || e.kind === "risk") {
+      this.risk.note(e, attempt);
+      this.risk.render();
     }
   }
 
@@ -571,6 +581,7 @@ class JobDetail {
       this.row = null;
       const { series, created } = this.series.attempt(attempt);
       if (created) this.addAttemptTraces(series);
+      this.risk.render();  // the new attempt's nodes have no score yet
     }
     if (v.state === "finished") this.figures();
     if (JOB_STATES.has(v.state)) {
