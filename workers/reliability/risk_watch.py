@@ -401,7 +401,12 @@ class NodeRiskWatch:
             self._action("snapshot-now", "observed", risk, why, note="the job's risk policy is observe only")
             for node in self._risky_nodes(ranks, failure, risk):
                 self._action(
-                    "drain", "observed", risk, why, drain_node=node, note="the job's risk policy is observe only"
+                    "drain",
+                    "observed",
+                    risk,
+                    why,
+                    drain_node=node,
+                    note="the job's risk policy is observe only",
                 )
         elif not self.protected:
             self._acted = True
