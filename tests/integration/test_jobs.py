@@ -136,7 +136,7 @@ def check_node_telemetry_and_risk(history: list[dict]) -> None:
     assert "NVML" in first["absent"]["nvml"] and "npu-smi" in first["absent"]["npu-smi"]
     # what is absent is sent again only when it changed (the job's own signals appear once a step is in)
     sent = [e["values"]["absent"] for e in telemetry if "absent" in e["values"]]
-    assert all(a != b for a, b in zip(sent, sent[1:])), sent
+    assert all(a != b for a, b in zip(sent, sent[1:], strict=False)), sent
     assert first["cost"]["cpu_s"] < 0.05  # one psutil sample: about a millisecond of CPU
     risk = [e for e in history if e["kind"] == "risk"]
     assert risk and {e["values"]["node"] for e in risk} == {first["node"]}
