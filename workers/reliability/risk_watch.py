@@ -65,7 +65,7 @@ from typing import Any
 
 from workers.reliability import snapshot_now
 from workers.reliability.progress import read_progress
-from workers.reliability.step_times import StepTimesReader
+from workers.reliability.step_times import StepTimesReader, rank_files
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
 from workers.reliability.telemetry.job import JobSignals
@@ -157,6 +157,8 @@ class NodeRiskWatch:
         self.flags: list[dict] = []
         self.published = {"telemetry": 0, "risk": 0}
         self.publish_errors = 0
+        self.lines_dropped = 0
+        """Step lines refused as malformed (reported in :meth:`report`)."""
         self.last_step: int | None = None
         self._samples: queue.SimpleQueue[TelemetrySample] = queue.SimpleQueue()
         self._absent_sent: dict[str, str] | None = None
@@ -211,11 +213,7 @@ class NodeRiskWatch:
         """(Re)build the detector over the ranks whose step files are here. Every rank creates its file
         before its first step, and no step ends before every rank has started, so the set is whole by the
         time the first lines arrive; it grows only when ranks join (a regrown group)."""
-        seen = sorted(
-            int(p.name[len("steps_rank") : -len(".jsonl")])
-            for p in self.dir.glob("steps_rank*.jsonl")
-            if p.name[len("steps_rank") : -len(".jsonl")].isdigit()
-        )
+        seen = [rank for rank, _ in rank_files(self.dir)]
         if seen == self._ranks and self.detector is not None:
             return
         self._ranks = seen
@@ -235,6 +233,7 @@ class NodeRiskWatch:
                 rank=rank, step=int(line["step"]), step_time_s=float(step_s), collective_wait_s=wait
             )
         except (ValueError, TypeError):
+            self.lines_dropped += 1  # malformed (a cut line is never returned by the reader): counted
             return
         self.last_step = max(self.last_step or 0, int(line["step"]))
         if self.detector is None or rank not in self._index:
@@ -249,17 +248,15 @@ class NodeRiskWatch:
                 restart=int(line.get("restart", 0)),
             )
         except (ValueError, TypeError):
+            self.lines_dropped += 1
             return
-        cleared = [
-            f for f in self.detector.flags if f.cleared_t is not None and not getattr(f, "_sent", False)
-        ]
+        cleared, self.detector.cleared = self.detector.cleared, []
         for flag in raised:
             self._send_flag(flag, "raised")
         for flag in cleared:
             self._send_flag(flag, "cleared")
 
     def _send_flag(self, flag, what: str) -> None:
-        flag._sent = what == "cleared"
         d = {**flag.to_dict(), "rank": self._ranks[flag.rank], "event": what, "detected_unix": self._clock()}
         d["reason"] = d["reason"].replace(f"rank {flag.rank} ", f"rank {d['rank']} ", 1)
         if what == "raised":
@@ -503,6 +500,7 @@ class NodeRiskWatch:
             "flags": self.flags,
             "published": dict(self.published),
             "publish_errors": self.publish_errors,
+            "lines_dropped": self.lines_dropped,
             "actions": self.actions,
             "prevention": asdict(self.prevention),
             "telemetry": self.sampler.describe(),

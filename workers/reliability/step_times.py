@@ -50,6 +50,12 @@ FILE_PATTERN = "steps_rank*.jsonl"
 _RANK_OF = re.compile(r"steps_rank(\d+)\.jsonl")
 
 
+def rank_files(directory: str | Path) -> list[tuple[int, Path]]:
+    """``(rank, path)`` of every rank's step file in ``directory``, by rank."""
+    found = ((_RANK_OF.fullmatch(p.name), p) for p in Path(directory).glob(FILE_PATTERN))
+    return sorted((int(m.group(1)), p) for m, p in found if m)
+
+
 class BlockingWait:
     """Wall seconds this process spent inside the step's own blocking collectives since the last
     :meth:`take` (one per process: a rank). ``with blocking_wait.timed(): dist.all_reduce(t)``."""
@@ -138,11 +144,7 @@ class StepTimesReader:
     def read_new(self) -> list[dict]:
         """The lines written since the last call, each with its ``rank``, in file order per rank."""
         new: list[dict] = []
-        for path in sorted(self.dir.glob(FILE_PATTERN)):
-            m = _RANK_OF.fullmatch(path.name)
-            if not m:
-                continue
-            rank = int(m.group(1))
+        for rank, path in rank_files(self.dir):
             offset = self._offsets.get(path, 0)
             try:
                 with path.open("rb") as f:

@@ -185,6 +185,8 @@ class StragglerDetector:
         self.steps_scored = 0
         self.buckets_scored = 0
         self.flags: list[StragglerFlag] = []  # every episode, open and cleared, in order
+        self.cleared: list[StragglerFlag] = []
+        """Episodes cleared since the caller last emptied this list (a watch reports each once)."""
         self._pending: dict[int, dict[int, tuple[float, float | None, float]]] = {}
         self._ranks = [_RankState() for _ in range(self.world_size)]
         self._signal = "compute"
@@ -298,6 +300,7 @@ class StragglerDetector:
                 raised.append(st.flag)
             elif st.flag is not None and st.slow_buckets == 0:
                 st.flag.cleared_step, st.flag.cleared_t = step, t
+                self.cleared.append(st.flag)
                 st.flag = None
         return raised
 
