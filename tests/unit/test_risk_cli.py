@@ -88,6 +88,9 @@ def test_evaluate_prints_both_models_on_held_out_traces(trace_files, workdir, ca
     assert set(doc["models"]) == {"lstm", "baseline"}
     for row in doc["models"].values():
         assert {"precision", "recall", "f1", "lead_time_s_median", "false_alarms_per_node_day"} <= set(row)
+        point = row["at_precision_target"]  # the second operating point: measured, or said absent
+        assert point["target"] == 0.84 and ("absent" in point or 0 <= point["precision"] <= 1)
+    assert set(doc["anchor"]["beaten_by"]) == set(doc["anchor"]["beaten_at"])
     assert "trained on simulated" in doc["data"] and "held-out simulated" in doc["data"]
     assert "seed 1" in doc["data"]
     rc, out, _ = run(f"evaluate {saved}", capsys)

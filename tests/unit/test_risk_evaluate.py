@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.reliability.risk.evaluate import EventMetrics, NodeRisk, choose_threshold, event_metrics
+from workers.reliability.risk.evaluate import (
+    EventMetrics,
+    NodeRisk,
+    choose_precise_threshold,
+    choose_threshold,
+    event_metrics,
+    wilson_lower_bound,
+)
 
 T0 = 1_767_225_600.0
 DAY = 86_400.0
@@ -100,3 +107,39 @@ def test_precision_at_another_failure_rate_scales_true_alarms_only():
     # 1 failure/node-day observed; at 0.1/node-day true episodes per day drop from 0.5 to 0.05, false stay 0.1
     assert m.precision == pytest.approx(5 / 6)
     assert m.precision_at_rate(0.1) == pytest.approx(0.05 / (0.05 + 0.1))
+
+
+def test_the_wilson_bound_is_below_the_point_estimate_and_tightens_with_more_episodes():
+    assert wilson_lower_bound(0, 0) == 0.0
+    assert wilson_lower_bound(1, 1) < 0.3  # one true alarm says little
+    assert wilson_lower_bound(9, 10) < wilson_lower_bound(90, 100) < wilson_lower_bound(900, 1000) < 0.9
+    # the Wilson bound L of k in n solves (k/n - L)^2 = z^2 L (1 - L) / n, below k/n
+    for k, n in ((81, 100), (42, 45), (3, 7)):
+        low, p, z = wilson_lower_bound(k, n), k / n, 1.645
+        assert low < p and (p - low) ** 2 == pytest.approx(z * z * low * (1 - low) / n)
+
+
+def precision_world(strong_true: int, weak_true: int, weak_false: int) -> list[NodeRisk]:
+    """One node per alarm: ``strong_true`` alarms of risk 0.9 before a failure, and at risk 0.5
+    ``weak_true`` alarms before failures and ``weak_false`` alarms that precede nothing."""
+    nodes = []
+    for i, (count, level, fails) in enumerate(((strong_true, 0.9, True), (weak_true, 0.5, True),
+                                               (weak_false, 0.5, False))):  # fmt: skip
+        for j in range(count):
+            n = node(f"n{i}-{j}", [3600.0], [3600.0 + 600] if fails else [])
+            n.risk[n.risk > 0] = level
+            nodes.append(n)
+    return nodes
+
+
+def test_the_precision_point_catches_the_most_failures_its_confident_precision_allows():
+    # at 0.9: 60 of 60 alarms true; at 0.5: 90 of 100 (precision 0.9, its 95% lower bound just under 0.84)
+    nodes = precision_world(60, 30, 10)
+    f1 = choose_threshold(nodes, horizon_s=900)
+    assert f1.threshold == 0.5 and f1.recall == 1.0  # F1 takes every catch and its 10 false alarms
+    strict = choose_precise_threshold(nodes, horizon_s=900, min_precision=0.84)
+    assert strict is not None and strict.threshold == 0.9 and strict.precision == 1.0 and strict.caught == 60
+    looser = choose_precise_threshold(nodes, horizon_s=900, min_precision=0.80)
+    assert looser is not None and looser.threshold == 0.5 and looser.caught == 90  # the most catches
+    # no threshold is confident enough: None, never a silent fallback
+    assert choose_precise_threshold(precision_world(3, 0, 0), horizon_s=900, min_precision=0.84) is None

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.reliability.risk.evaluate import NodeRisk, choose_threshold, describe_data, trained_on
+from workers.reliability.risk.evaluate import (
+    NodeRisk,
+    choose_threshold,
+    describe_data,
+    operating_points,
+    trained_on,
+)
 from workers.reliability.risk.features import FEATURES, FeatureScaler, node_features
 from workers.reliability.risk.traces import NodeTrace, TraceSet
 
@@ -52,12 +58,15 @@ class BaselineRiskModel:
         config: BaselineConfig,
         trained_on: dict,
         training: dict | None = None,
+        precise_threshold: float | None = None,
     ) -> None:
         self.floor = np.asarray(floor, dtype=np.float64)
         self.floor_share = float(floor_share)
         self.window = int(window)
         self.horizon_s = float(horizon_s)
         self.threshold = float(threshold)
+        self.precise_threshold = None if precise_threshold is None else float(precise_threshold)
+        """The precision-target operating point (:func:`.evaluate.choose_precise_threshold`), if any."""
         self.config = config
         self.trained_on = trained_on
         self.training = training or {}
@@ -96,6 +105,7 @@ class BaselineRiskModel:
             "window": self.window,
             "horizon_s": self.horizon_s,
             "threshold": self.threshold,
+            "precise_threshold": self.precise_threshold,
             "config": asdict(self.config),
             "trained_on": self.trained_on,
             "trained_on_text": self.trained_on_text,
@@ -123,6 +133,7 @@ class BaselineRiskModel:
             config=BaselineConfig(**cfg),
             trained_on=meta["trained_on"],
             training=meta.get("training"),
+            precise_threshold=meta.get("precise_threshold"),
         )
 
 
@@ -175,7 +186,7 @@ def fit_baseline(
             if best is None or m.f1 > best[2].f1:
                 best = (window, share, m)
     window, share, m = best
-    return BaselineRiskModel(
+    model = BaselineRiskModel(
         floor=scaler.std * share,
         floor_share=share,
         window=window,
@@ -183,9 +194,16 @@ def fit_baseline(
         threshold=m.threshold,
         config=config,
         trained_on=data,
-        training={
-            "validation_f1": round(m.f1, 4),
-            "validation_nodes": len(validation.traces),
-            "seconds": round(time.perf_counter() - t0, 2),
-        },
     )
+    nodes = [
+        NodeRisk(t.node, t.times, model.risk(t), validation.failure_times(t.node), t.interval_s)
+        for t in validation.traces
+    ]
+    # the window and floor are the F1 optimum's; both thresholds are then chosen on them
+    points = operating_points(model, nodes, horizon_s=horizon_s)
+    model.training = {
+        **points,
+        "validation_nodes": len(validation.traces),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    return model

@@ -46,6 +46,8 @@ class LiveRiskScorer:
             "risk": round(risk, 4),
             "at_risk": risk >= self.model.threshold,
             "threshold": self.model.threshold,
+            # the model's high-precision operating point (None: validation reached no confident one)
+            "precise_threshold": getattr(self.model, "precise_threshold", None),
             "horizon_s": self.model.horizon_s,
             "model": self.model.name,
             "trained_on": self.model.trained_on_text,

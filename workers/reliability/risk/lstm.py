@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workers.reliability.risk.evaluate import NodeRisk, choose_threshold, describe_data, trained_on
+from workers.reliability.risk.evaluate import NodeRisk, describe_data, operating_points, trained_on
 from workers.reliability.risk.features import FEATURES, FeatureScaler, node_features
 from workers.reliability.risk.traces import NodeTrace, TraceSet, fails_within
 
@@ -110,11 +110,14 @@ class LstmRiskModel:
         negative_keep: float,
         trained_on: dict,
         training: dict | None = None,
+        precise_threshold: float | None = None,
     ) -> None:
         self.net = net.eval()
         self.scaler = scaler
         self.config = config
         self.threshold = float(threshold)
+        self.precise_threshold = None if precise_threshold is None else float(precise_threshold)
+        """The precision-target operating point (:func:`.evaluate.choose_precise_threshold`), if any."""
         self.negative_keep = float(negative_keep)
         self.trained_on = trained_on
         self.training = training or {}
@@ -157,6 +160,7 @@ class LstmRiskModel:
             "n_features": len(FEATURES),
             "normalisation": self.scaler.to_json(),
             "threshold": self.threshold,
+            "precise_threshold": self.precise_threshold,
             "negative_keep": self.negative_keep,
             "trained_on": self.trained_on,
             "trained_on_text": self.trained_on_text,
@@ -182,6 +186,7 @@ class LstmRiskModel:
             negative_keep=meta["negative_keep"],
             trained_on=meta["trained_on"],
             training=meta.get("training"),
+            precise_threshold=meta.get("precise_threshold"),
         )
 
 
@@ -254,8 +259,7 @@ def train_lstm(train: TraceSet, config: LstmConfig | None = None, *, validation:
         for t in validation.traces
         if len(t)
     ]
-    chosen = choose_threshold(nodes, horizon_s=config.horizon_s)
-    model.threshold = chosen.threshold
+    points = operating_points(model, nodes, horizon_s=config.horizon_s)
     model.training = {
         "windows": len(y),
         "positives": int(y.sum()),
@@ -263,7 +267,7 @@ def train_lstm(train: TraceSet, config: LstmConfig | None = None, *, validation:
         "epoch_loss": losses,
         "fit_seconds": round(fit_s, 2),
         "seconds": round(time.perf_counter() - t0, 2),
-        "validation_f1": round(chosen.f1, 4),
+        **points,
         "validation_nodes": len(validation.traces),
         "threads": max(1, min(config.threads, os.cpu_count() or 1)),
     }
