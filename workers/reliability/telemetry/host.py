@@ -54,6 +54,8 @@ METRICS = (
 GIB = float(1 << 30)
 SYS_CPU = Path("/sys/devices/system/cpu")
 SYS_BLOCK = Path("/sys/block")
+MIN_CPU_WINDOW_S = 0.1
+"""The shortest window a CPU utilisation is measured over (ten clock ticks of 10 ms)."""
 # block devices that are not disks a job reads or writes through (loop mounts, RAM disks, optical drives)
 _NOT_DISKS = ("loop", "ram", "zram", "sr", "fd")
 # NIC counters: psutil's snetio field -> our metric
@@ -105,7 +107,8 @@ class PsutilCollector(Collector):
         self.disks = whole_disks(sys_block)
         self._rates = CounterRates()
         self._cpu_last = psutil.cpu_times()
-        self._prime(time.monotonic())
+        self._cpu_at = time.monotonic()
+        self._prime(self._cpu_at)
 
     def available(self) -> tuple[bool, str]:
         return True, f"psutil {psutil.__version__}"
@@ -167,7 +170,14 @@ class PsutilCollector(Collector):
         return r
 
     def _cpu(self, r: Reading) -> None:
+        # a sampler samples once at start, right after building its collectors: a window of a few ms
+        # holds no clock tick (10 ms), so the first utilisation is measured over at least MIN_CPU_WINDOW_S
+        # (a sleep on the sampler's own thread, once)
+        waited = time.monotonic() - self._cpu_at
+        if waited < MIN_CPU_WINDOW_S:
+            time.sleep(MIN_CPU_WINDOW_S - waited)
         times = psutil.cpu_times()
+        self._cpu_at = time.monotonic()
         last, self._cpu_last = self._cpu_last, times
         deltas = {f: max(0.0, getattr(times, f) - getattr(last, f)) for f in times._fields}
         # guest time is already inside user/nice on Linux (psutil's cpu_percent leaves it out too)
