@@ -132,9 +132,13 @@ def build_job_config(args: argparse.Namespace):
     return JobConfig.from_dict(config)
 
 
-def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = None) -> dict:
+def run_local(
+    cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = None, warm: bool = True
+) -> dict:
     """Run ``cfg`` under torchrun on this machine; returns rank 0's summary. Raises ``RuntimeError``
-    with the tail of the log when the run fails."""
+    with the tail of the log when the run fails. ``warm``: torchrun's agent as ``workers.training.agent``
+    runs it, forking the ranks from one import of the runtime instead of starting each as a new
+    interpreter (``import workers.training.trainer`` is ~4 s of CPU here, paid once instead of per rank)."""
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
     from workers.training.supervisor import supervise
 
@@ -150,6 +154,7 @@ def run_local(cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = 
             rdzv_endpoint=f"127.0.0.1:{free_port()}",
             run_id=uuid.uuid4().hex[:12],
             max_restarts=0,
+            warm=warm,
             summary_path=str(summary_path),
         )
         env = torchrun_env()
