@@ -15,6 +15,8 @@ from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
 from controlplane.dashboard.views import dashboard
 from controlplane.green.views import green_index
+from controlplane.jobs import failure_pattern_apis
+from controlplane.jobs import views as job_views
 from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
 
@@ -38,6 +40,22 @@ api_patterns = [
     path("plans/evaluate/", EvaluateApi.as_view(), name="plan-evaluate"),
     path("green/", include("controlplane.green.urls")),
     path("certificates/", include("controlplane.green.certificate_urls")),
+    # the failure-pattern knowledge base (incidents/ before <key>/: it is no pattern's key)
+    path(
+        "failure-patterns/",
+        failure_pattern_apis.FailurePatternListApi.as_view(),
+        name="failure-pattern-list",
+    ),
+    path(
+        "failure-patterns/incidents/",
+        failure_pattern_apis.IncidentListImportApi.as_view(),
+        name="failure-incident-list",
+    ),
+    path(
+        "failure-patterns/<str:key>/",
+        failure_pattern_apis.FailurePatternDetailApi.as_view(),
+        name="failure-pattern-detail",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
@@ -56,6 +74,8 @@ urlpatterns = [
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
     path("green/", green_index, name="green"),
+    path("failure-patterns/", job_views.failure_pattern_list, name="failure-pattern-list"),
+    path("failure-patterns/<str:key>/", job_views.failure_pattern_detail, name="failure-pattern-detail"),
     path("healthz", healthz, name="healthz"),
     path("api/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),

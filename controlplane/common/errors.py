@@ -15,6 +15,7 @@ from django.urls import reverse
 SECTIONS = (
     ("/jobs/", "job-list", "the job list"),
     ("/planning/", "search-list", "the planner"),
+    ("/failure-patterns/", "failure-pattern-list", "the failure patterns"),
     ("/tokens/", "tokens", "your API tokens"),
 )
 

@@ -23,7 +23,12 @@ MAX_PAGES = 300
 API_OBJECT = re.compile(r"^/api/[\w-]+/\d+/$")
 # what only Django's technical 404 / 500 pages say
 DEBUG_PAGE = ("You’re seeing this error because you have", "You're seeing this error because you have")
-MISSING = ("/jobs/999999/", "/planning/plans/999999/", "/planning/searches/999999/")
+MISSING = (
+    "/jobs/999999/",
+    "/planning/plans/999999/",
+    "/planning/searches/999999/",
+    "/failure-patterns/no_such_kind/",
+)
 
 
 def log_in(page, base_url: str, username: str) -> None:
@@ -148,6 +153,7 @@ def test_every_reachable_page_stays_in_the_app(live_stack, page, make_member):
         f"/jobs/{ids['job']}/",
         f"/planning/searches/{ids['search']}/",
         f"/planning/plans/{ids['plan']}/",
+        "/failure-patterns/gpu_hbm3/",
     ):
         assert wanted in seen, f"no link reaches {wanted}; walked {sorted(seen)}"
     assert len(seen) < MAX_PAGES, "the walk hit its bound: some pages were never visited"

@@ -47,6 +47,7 @@ SEED = int(os.environ.get("CANN_TRAIN_FUZZ_SEED", "11"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 MEDIA_TYPES = {"json": "application/json", "yaml": "application/yaml"}
 TINY_TRAINING = {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}
+INCIDENTS = "node,time,kind\nnode-a,2026-01-01T00:28:00Z,gpu_hbm3\nnode-b,1767225600,Kernel panic\n"
 
 TALLY: Counter = Counter()
 
@@ -438,6 +439,10 @@ def valid_requests(world: FuzzWorld) -> list[tuple[str, str, dict, object, set[i
         ),
         ("POST", "/api/tokens/", {}, {"name": "laptop"}, {201}),
         ("DELETE", "/api/tokens/{id}/", {"id": spares["tokens"][0]}, None, {204}),
+        # the failure-pattern knowledge base: an incident list extends the patterns (again: duplicates, 201)
+        ("POST", "/api/failure-patterns/incidents/", {}, {"csv": INCIDENTS}, {201}),
+        ("GET", "/api/failure-patterns/{key}/", {"key": "kernel_panic"}, None, {200}),
+        ("GET", "/api/failure-patterns/{key}/", {"key": "gpu_hbm3"}, None, {200}),
     ]
 
 

@@ -35,6 +35,9 @@ MISSING = 987_654_321  # an id no object has
 TINY_TRAINING = {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}
 # a carbon-aware schedule on the shipped GB history (controlplane.green)
 GREEN_JOB = {"zone": "GB", "now": "2020-06-01T18:00:00Z", "duration_h": 4, "power_kw": 10, "deadline_h": 24}
+# an incident list (controlplane.jobs: the failure-pattern knowledge base); team A's own has a kind only it names
+INCIDENTS = "node,time,kind\nnode-a,2026-01-01T00:00:00Z,gpu_hbm3\n"
+SECRET_KIND = "alice secret kind"
 
 
 @dataclass
@@ -205,6 +208,15 @@ API: dict[tuple[str, str], Op] = {
     ("GET", "/api/certificates/{code}/verify"): Op("certificate"),
     # a JSON body carries no PDF: refused past the report's lookup (415), as a file-less form would be (400)
     ("POST", "/api/certificates/{code}/verify"): Op("certificate", own=frozenset({400, 415})),
+    # failure patterns: the published ones are everybody's; a kind only team A's incidents name is team A's
+    ("GET", "/api/failure-patterns/"): Op(),
+    ("GET", "/api/failure-patterns/{key}/"): Op("failure-pattern"),
+    ("GET", "/api/failure-patterns/incidents/"): Op(lists=True),
+    ("POST", "/api/failure-patterns/incidents/"): Op(
+        body=lambda w: {"csv": INCIDENTS},
+        own=CREATED,
+        ref=("team", lambda w, team: {"csv": INCIDENTS, "team": team}),
+    ),
 }
 # the OpenAPI schema and its viewers: any signed-in user, no team objects
 DOCS = {("GET", "/api/schema/"), ("GET", "/api/docs/"), ("GET", "/api/redoc/")}
@@ -235,6 +247,8 @@ PAGES: dict[str, Page] = {
     "plan-diff": Page("/planning/plans/diff/?a={plan}&b={plan}", bob="404"),
     "plan-detail": Page("/planning/plans/{plan}/", bob="404"),
     "green": Page("/green/"),
+    "failure-pattern-list": Page("/failure-patterns/"),
+    "failure-pattern-detail": Page("/failure-patterns/{pattern}/", bob="404"),
 }
 PUBLIC = {"login", "logout", "healthz"}  # open to anyone by design
 
@@ -246,7 +260,7 @@ class World:
     ws_url: str
     tokens: dict[str, str]  # alice / bob -> API token
     users: dict
-    objects: dict[str, int]  # team A's objects by kind
+    objects: dict[str, int | str]  # team A's objects by kind (a certificate's code, a pattern's key)
     facts: dict
 
 
@@ -265,6 +279,7 @@ def world(live_stack, make_member, token_for) -> World:
     from controlplane.live.models import StreamEvent
     from controlplane.planning import services as planning_services
     from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
+    from workers.reliability.risk.patterns import pattern_key
     from workers.training.examples import example
 
     alice, bob = make_member("alice", "Team A"), make_member("bob", "Team B")
@@ -364,6 +379,10 @@ def world(live_stack, make_member, token_for) -> World:
         document={"issued_at": timezone.now().replace(microsecond=0).isoformat(), "results": {}},
         pdf=b"%PDF-1.7",
     ).code
+    job_services.incidents_import(
+        team=team, text=f"node,time,kind\nnode-a,2026-01-02T00:00:00Z,{SECRET_KIND}\n", source="alice.csv"
+    )
+    objects["failure-pattern"] = pattern_key(SECRET_KIND)
     return World(
         base_url=live_stack.base_url,
         ws_url=live_stack.ws_url,
@@ -415,7 +434,8 @@ def test_every_api_operation_is_team_scoped(world):
     problems = []
     for (method, path), op in sorted(API.items(), key=lambda item: (item[0][1], item[0][0])):
         body = op.body(world) if callable(op.body) else (None if method in ("GET", "DELETE") else {})
-        ids = {("code" if "{code}" in path else "id"): world.objects[op.obj]} if op.obj else {}
+        name = "code" if "{code}" in path else "key" if "{key}" in path else "id"
+        ids = {name: world.objects[op.obj]} if op.obj else {}
         if "{comparison_id}" in path:
             ids["comparison_id"] = world.objects["comparison"]
         url = url_of(path, world, ids)
@@ -469,7 +489,7 @@ def _team_a_ids(path: str, world: World) -> set[int]:
     from controlplane.accounts.models import ApiToken, Team
     from controlplane.clusters.models import Cluster, HardwareProfile
     from controlplane.green.models import GreenCertificate, GreenSchedule
-    from controlplane.jobs.models import TrainingJob
+    from controlplane.jobs.models import FailureIncident, TrainingJob
     from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 
     team = Team.objects.get(slug="team-a")
@@ -483,6 +503,7 @@ def _team_a_ids(path: str, world: World) -> set[int]:
         "jobs": TrainingJob,
         "green": GreenSchedule,
         "certificates": GreenCertificate,
+        "failure-patterns": FailureIncident,
     }[path.split("/")[2]]
     if model is ApiToken:
         return set(ApiToken.objects.filter(user=world.users["alice"]).values_list("pk", flat=True))
@@ -523,8 +544,9 @@ def page_routes() -> dict[str, str]:
 
 def _page_url(page: Page, objects: dict[str, int], missing: bool = False) -> str:
     url = page.url
-    for kind in ("job", "search", "plan", "token"):
-        url = url.replace("{" + kind + "}", str(MISSING if missing else objects[kind]))
+    kinds = {"job": "job", "search": "search", "plan": "plan", "token": "token", "pattern": "failure-pattern"}
+    for kind, obj in kinds.items():
+        url = url.replace("{" + kind + "}", str(MISSING if missing else objects[obj]))
     return url
 
 
@@ -542,7 +564,8 @@ def test_every_page_is_team_scoped(world):
     for name in ("alice", "bob"):
         people[name] = Client()
         people[name].force_login(world.users[name])
-    secrets = ["alice secret job", "alice cluster", "alice spare token"]  # names only alice may see
+    # names only alice may see
+    secrets = ["alice secret job", "alice cluster", "alice spare token", SECRET_KIND]
     for page in PAGES.values():
         url = _page_url(page, world.objects)
 

@@ -11,6 +11,8 @@ horizon (default 15 min) from its telemetry, with a sequence model and a baselin
                      function for both models; fitting, reports, ``load_model``
 - :mod:`.history`    a cluster's own history: Prometheus text dump + incident CSV
 - :mod:`.live`       scoring streamed telemetry samples into ``risk`` event values
+- :mod:`.patterns`   the failure-pattern knowledge base: each kind's published rate (cited), precursors
+                     (assumed), prevention action; extended with imported incidents
 
 The CLI is ``cann-train faults`` (:mod:`workers.reliability.faults_cli`).
 """

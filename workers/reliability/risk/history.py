@@ -45,35 +45,51 @@ def parse_incident_time(text: str) -> float:
     return when.timestamp()
 
 
-def load_incidents(path: str | Path) -> list[Failure]:
-    """The incidents of a CSV file (see the module docstring); ``ValueError`` naming the line otherwise."""
-    path = Path(path)
-    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), start=1)]
-    rows = [(i, line) for i, line in lines if line.strip() and not line.lstrip().startswith("#")]
+def incident_rows(text: str, *, source: str = "incidents") -> list[tuple[int, Failure]]:
+    """``(line number, incident)`` of each data line of an incident list's text (see the module docstring);
+    ``ValueError`` naming ``source`` and the line otherwise. Each line is one record (no field spans lines)."""
+    rows = [
+        (i, line)
+        for i, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not rows:
-        raise ValueError(f"{path}: no header line (expected {','.join(INCIDENT_COLUMNS)})")
-    reader = csv.reader([line for _, line in rows])
-    header = [h.strip().lower() for h in next(reader)]
+        raise ValueError(f"{source}: no header line (expected {','.join(INCIDENT_COLUMNS)})")
+
+    def fields_of(lineno: int, line: str) -> list[str]:
+        try:
+            return next(csv.reader([line]))
+        except csv.Error as exc:
+            raise ValueError(f"{source}, line {lineno}: not a CSV line ({exc})") from None
+
+    header = [h.strip().lower() for h in fields_of(*rows[0])]
     missing = [c for c in INCIDENT_COLUMNS if c not in header]
     if missing:
         raise ValueError(
-            f"{path}, line {rows[0][0]}: the header must name {', '.join(INCIDENT_COLUMNS)}; "
+            f"{source}, line {rows[0][0]}: the header must name {', '.join(INCIDENT_COLUMNS)}; "
             f"missing {', '.join(missing)}"
         )
     col = {c: header.index(c) for c in INCIDENT_COLUMNS}
     out = []
-    for (lineno, _), fields in zip(rows[1:], reader, strict=True):
+    for lineno, line in rows[1:]:
+        fields = fields_of(lineno, line)
         if len(fields) < len(header):
-            raise ValueError(f"{path}, line {lineno}: {len(fields)} fields, the header has {len(header)}")
+            raise ValueError(f"{source}, line {lineno}: {len(fields)} fields, the header has {len(header)}")
         node, when, kind = (fields[col[c]].strip() for c in INCIDENT_COLUMNS)
         if not node or not kind:
-            raise ValueError(f"{path}, line {lineno}: node and kind must not be empty")
+            raise ValueError(f"{source}, line {lineno}: node and kind must not be empty")
         try:
             t = parse_incident_time(when)
         except ValueError as exc:
-            raise ValueError(f"{path}, line {lineno}: {exc}") from None
-        out.append(Failure(node=node, time_unix_s=t, kind=kind))
+            raise ValueError(f"{source}, line {lineno}: {exc}") from None
+        out.append((lineno, Failure(node=node, time_unix_s=t, kind=kind)))
     return out
+
+
+def load_incidents(path: str | Path) -> list[Failure]:
+    """The incidents of a CSV file (see the module docstring); ``ValueError`` naming the line otherwise."""
+    path = Path(path)
+    return [failure for _, failure in incident_rows(path.read_text(), source=str(path))]
 
 
 def traces_from_prometheus(

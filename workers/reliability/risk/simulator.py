@@ -82,6 +82,11 @@ LLAMA3_TABLE5_NOTE = (
 LLAMA3_RATE_PER_NODE_DAY = 419 / (16384 / 8 * 54)
 """Unexpected interruptions per node-day in that snapshot: 419 over 54 days on 16,384 GPUs in servers of
 eight GPUs each (Dubey et al. 2024, section 3.3.1: 'Each server is equipped with eight GPUs'), ~0.0038."""
+LLAMA3_RATE_SOURCE = (
+    "419 unexpected interruptions over 54 days on 16,384 GPUs in servers of eight GPUs each (2,048 nodes): "
+    "Dubey et al. 2024, Table 5 and section 3.3.1"
+)
+"""Where :data:`LLAMA3_RATE_PER_NODE_DAY` comes from, for a page or report that shows it."""
 KINDS = tuple(k.key for k in LLAMA3_TABLE5)
 
 
