@@ -61,12 +61,28 @@ def test_telemetry_events_carry_what_is_absent_once_and_a_risk_score_each(tmp_pa
     watch.stop()
     telemetry = [v for k, v, _ in events if k == "telemetry"]
     risk = [v for k, v, _ in events if k == "risk"]
-    assert len(telemetry) >= 3 and len(risk) == len(telemetry)
+    assert len(telemetry) >= 3 and len(risk) == len(telemetry) + 1  # one per sample, one as it stops
     assert telemetry[0]["node"] == "n1" and telemetry[0]["node_rank"] == 0 and telemetry[0]["attempt"] == 1
     assert "absent" in telemetry[0] and all("absent" not in v for v in telemetry[1:])
     assert risk[-1]["level"] == "low" and 0.0 <= risk[-1]["risk"] < 0.6
     steps = [s for k, _, s in events if k == "telemetry"]
     assert steps[-1] == max(steps) > 0  # each event is placed at the newest step seen
+
+
+def test_a_job_shorter_than_one_interval_ends_with_a_risk_that_knows_its_ranks(tmp_path):
+    """The sampler samples once at start, before any step; the job's steps come and go within its first
+    interval: the risk sent as the watch stops scores the ranks, not the empty start."""
+    events = []
+    watch = watch_for(tmp_path, events, node_rank=0, telemetry_every_s=60).start()
+    deadline = time.monotonic() + 5
+    while not events and time.monotonic() < deadline:  # the supervisor's poll publishes the start sample
+        watch.poll()
+        time.sleep(0.01)
+    write_job(tmp_path, [0, 1, 2, 3], 3)
+    watch.stop()
+    risk = [v for k, v, _ in events if k == "risk"]
+    assert len([k for k, _, _ in events if k == "telemetry"]) == 1 and len(risk) == 2
+    assert risk[0]["ranks"] == [] and {r["rank"] for r in risk[-1]["ranks"]} == {0, 1, 2, 3}
 
 
 def test_in_a_shared_directory_only_node_0_scores_and_two_ranks_are_too_few(tmp_path):

@@ -184,6 +184,9 @@ class NodeRiskWatch:
     def stop(self) -> None:
         self.sampler.stop()
         self.poll()  # the samples and flags of the last interval
+        # and the node's risk as the attempt ends: a job shorter than one sampling interval has only the
+        # sample taken at start, before any step, so without this its last risk would know no rank
+        self._publish_risk()
 
     def __enter__(self) -> NodeRiskWatch:
         return self.start()
