@@ -997,10 +997,14 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         max_restarts=max_restarts,
         summary_path=str(summary_path),
         # an elastic range: --nnodes MIN:MAX, so the agents re-form the group on the nodes left (and with a
-        # node that comes back). Warm agents (workers.training.agent): with plain torchrun the shrink and
-        # regrow of tests/integration/test_elastic_scaling.py timed out; with warm agents it passes
+        # node that comes back)
         min_nodes=job.min_nodes if job.elastic else None,
-        warm=job.elastic,
+        # warm agents (workers.training.agent) for every job: the ranks fork from one import of the runtime
+        # (~4 s of CPU per rank saved at each start and restart here). With plain torchrun the shrink and
+        # regrow of tests/integration/test_elastic_scaling.py timed out. A killed Celery worker's job once
+        # settled ~100 s later with them (test_chaos); re-measured after the ranks' OpenMP pool fix: 36 s,
+        # against 45 s with plain torchrun.
+        warm=True,
         # node 0 hosts the rendezvous store, never another node (c10d lets the first agent to bind the port
         # host it): the group must not lose its store with a node it can lose (reap_lost_nodes)
         hosts_store=False if job.elastic and node_rank != 0 else None,

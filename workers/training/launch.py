@@ -49,9 +49,9 @@ def render_torchrun_command(
     cmd = [
         python or sys.executable,
         "-m",
-        # warm: torchrun's agent forking ranks that skip the import (agent.py). Not the default yet: with it, a
-        # job whose Celery worker was SIGKILLed took ~100 s longer to settle and relaunch in
-        # tests/integration/test_chaos.py (cause not found yet); cann-train elastic and the benches use it
+        # warm: torchrun's agent forking ranks that skip the import (agent.py); every job of the control
+        # plane, cann-train train / elastic and the benches use it. Plain torchrun stays the default of this
+        # function for commands a user runs by hand
         "workers.training.agent" if warm else "torch.distributed.run",
         f"--nnodes={nnodes}"
         if min_nodes is None or min_nodes == nnodes
