@@ -134,6 +134,7 @@ def test_a_run_killed_with_sigkill_resumes_from_its_newest_snapshot(tmp_path):
         node_rank=0,
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         run_id=uuid.uuid4().hex[:12],
+        warm=True,  # as cann-train train runs it
     )
     env = torchrun_env()
     env.setdefault("OMP_NUM_THREADS", "1")
