@@ -12,9 +12,9 @@ from workers.reliability.risk_watch import NodeRiskWatch, risk_level
 from workers.reliability.step_times import StepTimesWriter
 
 
-def write_job(directory, ranks, seconds, slow_rank=None, slow_after=1008.0):
+def write_job(directory, ranks, seconds, slow_rank=None, slow_after=1008.0, restart=0):
     """Step lines of ``ranks`` (job rank numbers) as their writers would put them, one slowed after a time."""
-    writers = {r: StepTimesWriter(directory, r, restart=0) for r in ranks}
+    writers = {r: StepTimesWriter(directory, r, restart=restart) for r in ranks}
     for t, step, rows in sync_dp_steps(
         len(ranks), seconds, extra=lambda i, t, s: 0.06 if ranks[i] == slow_rank and t > slow_after else 0.0
     ):
@@ -83,6 +83,23 @@ def test_a_job_shorter_than_one_interval_ends_with_a_risk_that_knows_its_ranks(t
     risk = [v for k, v, _ in events if k == "risk"]
     assert len([k for k, _, _ in events if k == "telemetry"]) == 1 and len(risk) == 2
     assert risk[0]["ranks"] == [] and {r["rank"] for r in risk[-1]["ranks"]} == {0, 1, 2, 3}
+
+
+def test_after_a_shrink_the_detector_compares_the_ranks_left_not_the_departed_ones_files(tmp_path):
+    """Six ranks, then torchrun re-forms the group on four (a node drained): ranks 4 and 5 leave files
+    holding only the first group's lines. The watch compares the four ranks of the new group, and still
+    finds a straggler among them."""
+    events = []
+    watch = watch_for(tmp_path, events, node_rank=0, local_ranks=6)
+    write_job(tmp_path, [0, 1, 2, 3, 4, 5], 5)
+    watch.poll()
+    assert watch.report()["scored_ranks"] == [0, 1, 2, 3, 4, 5]
+    write_job(tmp_path, [0, 1, 2, 3], 20, slow_rank=2, restart=1)
+    watch.poll()
+    raised = [v["flag"] for k, v, _ in events if k == "risk" and v.get("flag", {}).get("event") == "raised"]
+    assert [f["rank"] for f in raised] == [2]
+    assert watch.report()["scored_ranks"] == [0, 1, 2, 3]
+    assert {r["rank"] for r in watch.ranks_report()} == {0, 1, 2, 3}
 
 
 def test_in_a_shared_directory_only_node_0_scores_and_two_ranks_are_too_few(tmp_path):

@@ -65,7 +65,7 @@ from typing import Any
 
 from workers.reliability import snapshot_now
 from workers.reliability.progress import read_progress
-from workers.reliability.step_times import StepTimesReader, rank_files
+from workers.reliability.step_times import StepTimesReader
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
 from workers.reliability.telemetry.job import JobSignals
@@ -107,6 +107,16 @@ class PreventionPolicy:
 
 Publish = Callable[[str, dict[str, Any], int | None], None]
 """``publish(kind, values, step)``: put an event on the job's stream."""
+
+
+def _int_or(value, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+GROUP_FORMED_AFTER_STEPS = 3
+"""Steps past a torchrun group's first step line after which its ranks are taken as known (see
+:meth:`NodeRiskWatch._form_group`; 3, not 1, so that a rank's file read a moment before its line was
+written cannot leave it out)."""
 
 
 class NodeRiskWatch:
@@ -153,6 +163,8 @@ class NodeRiskWatch:
         self.detector: StragglerDetector | None = None
         self._ranks: list[int] = []  # the job ranks the detector compares, in index order
         self._index: dict[int, int] = {}
+        self._group_restart: int | None = None  # the torchrun restart whose group the detector compares
+        self._forming: dict | None = None  # a newer group's first lines, until its ranks are known
         self.scoring = True  # False: another node's watch scores the shared directory
         self.flags: list[dict] = []
         self.published = {"telemetry": 0, "risk": 0}
@@ -196,9 +208,10 @@ class NodeRiskWatch:
 
     def poll(self) -> None:
         """Read the ranks' new step lines, score them, publish what is new (on the caller's thread)."""
-        lines = self.reader.read_new()
-        if lines:
-            self._ensure_detector()
+        # the reader gives each rank's lines in turn; the detector and a forming group want them step by step
+        lines = sorted(
+            self.reader.read_new(), key=lambda d: (_int_or(d.get("restart"), 0), _int_or(d["step"], 0))
+        )
         for line in lines:
             self._observe(line)
         while True:
@@ -212,42 +225,67 @@ class NodeRiskWatch:
 
     # ---------------------------------------------------------------------------------------- the ranks
 
-    def _ensure_detector(self) -> None:
-        """(Re)build the detector over the ranks whose step files are here. Every rank creates its file
-        before its first step, and no step ends before every rank has started, so the set is whole by the
-        time the first lines arrive; it grows only when ranks join (a regrown group)."""
-        seen = [rank for rank, _ in rank_files(self.dir)]
-        if seen == self._ranks and self.detector is not None:
-            return
-        self._ranks = seen
-        self._index = {r: i for i, r in enumerate(seen)}
-        shared = len(seen) > self.local_ranks
-        self.scoring = not shared or self.node_rank == 0
-        self.detector = StragglerDetector(max(1, len(seen)), self.policy) if self.scoring else None
-
     def _observe(self, line: dict) -> None:
         rank, step_s = line.get("rank"), line.get("step_s")
         if not isinstance(rank, int) or step_s is None:
             return
         wait = line.get("wait_s")
-        t = float(line.get("t") or self._clock())
         try:
-            self.signals.record_step(
-                rank=rank, step=int(line["step"]), step_time_s=float(step_s), collective_wait_s=wait
-            )
-        except (ValueError, TypeError):
+            step, restart = int(line["step"]), int(line.get("restart", 0))
+            self.signals.record_step(rank=rank, step=step, step_time_s=float(step_s), collective_wait_s=wait)
+        except (ValueError, TypeError, KeyError):
             self.lines_dropped += 1  # malformed (a cut line is never returned by the reader): counted
             return
-        self.last_step = max(self.last_step or 0, int(line["step"]))
+        self.last_step = max(self.last_step or 0, step)
+        if self._group_restart is not None and restart < self._group_restart:
+            return  # a late line of a group torchrun has since restarted
+        forming = self._forming
+        if self._group_restart is None or restart > self._group_restart:
+            if forming is None or restart > forming["restart"]:
+                forming = self._forming = {
+                    "restart": restart,
+                    "ranks": set(),
+                    "lo": step,
+                    "hi": step,
+                    "lines": [],
+                }
+        if forming is not None and restart == forming["restart"]:
+            forming["ranks"].add(rank)
+            forming["lo"], forming["hi"] = min(forming["lo"], step), max(forming["hi"], step)
+            forming["lines"].append(line)
+            if forming["hi"] >= forming["lo"] + GROUP_FORMED_AFTER_STEPS:
+                self._form_group(forming)
+            return
+        self._score(line)
+
+    def _form_group(self, forming: dict) -> None:
+        """The detector over the ranks of one torchrun group (a restart). A group steps in lock-step, so
+        once any rank is ``GROUP_FORMED_AFTER_STEPS`` steps past the group's first line, every rank still in
+        it has written lines of this restart; ranks whose files hold only older restarts (a drained node's,
+        a shrunk world's) are not compared, and would otherwise keep every step from ever completing."""
+        seen = sorted(forming["ranks"])
+        self._forming = None
+        self._group_restart = forming["restart"]
+        self._ranks = seen
+        self._index = {r: i for i, r in enumerate(seen)}
+        shared = len(seen) > self.local_ranks
+        self.scoring = not shared or self.node_rank == 0
+        self.detector = StragglerDetector(max(1, len(seen)), self.policy) if self.scoring else None
+        for line in forming["lines"]:
+            self._score(line)
+
+    def _score(self, line: dict) -> None:
+        rank = line["rank"]
         if self.detector is None or rank not in self._index:
             return
+        wait = line.get("wait_s")
         try:
             raised = self.detector.observe(
                 rank=self._index[rank],
                 step=int(line["step"]),
-                step_time_s=float(step_s),
+                step_time_s=float(line["step_s"]),
                 collective_wait_s=None if wait is None else float(wait),
-                t=t,
+                t=float(line.get("t") or self._clock()),
                 restart=int(line.get("restart", 0)),
             )
         except (ValueError, TypeError):
