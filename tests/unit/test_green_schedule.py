@@ -423,3 +423,18 @@ def test_cli_cost_objective_reads_a_time_of_use_price_csv(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["start"] == "2030-01-01T02:00:00+00:00" and out["cost"] == pytest.approx(1.0)
     assert out["cost_now"] == pytest.approx(4.0) and out["price"]["kind"] == "time-of-use"
+
+
+def test_on_a_clean_plateau_the_earliest_start_wins_whatever_the_clock_reads():
+    """Every start inside a clean hour emits the same; rounding must not send the job to the plateau's last
+    start. A bare argmin did for 105 of 400 random clocks (a job waiting 45 min for nothing)."""
+    rng = random.Random(0)
+    for _ in range(200):
+        now = datetime(2026, 12, 2, tzinfo=UTC) + timedelta(
+            seconds=rng.randrange(86_400), microseconds=rng.randrange(10**6)
+        )
+        clean = now.replace(microsecond=0) + timedelta(seconds=15)
+        s = IntensitySeries(times=(clean - timedelta(hours=1), clean, clean + HOUR), values=(400.0, 40.0, 400.0),
+                            zone="GB", provider="forecast", kind="forecast", source="a step series")  # fmt: skip
+        r = schedule(s, now=now, duration=0.25 * HOUR, power_kw=0.1, deadline=HOUR)
+        assert r.slots[0][0] == clean, (now, r.slots)

@@ -352,6 +352,12 @@ def _primitive(bounds: np.ndarray, prefix: np.ndarray, slope: np.ndarray, t: np.
     return prefix[k] + slope[k] * (t - bounds[k])
 
 
+TIE_RTOL = 1e-9
+"""Windows whose costs agree to this relative tolerance are ties (float64 sums carry ~16 digits)."""
+TIE_ATOL = 1e-15
+"""... and to this absolute one (a zero-carbon plateau: costs of 0 and a rounding residue)."""
+
+
 def _best_contiguous(p: _Pieces, duration_us: int) -> int | None:
     """The start (microseconds from now) of the cheapest feasible contiguous window, earliest on ties."""
     lengths = np.diff(p.bounds)
@@ -373,7 +379,12 @@ def _best_contiguous(p: _Pieces, duration_us: int) -> int | None:
         p.bounds, cost_prefix, per_us, candidates
     )
     cost = np.where(ok, cost, np.inf)
-    return int(candidates[int(np.argmin(cost))])
+    # "earliest on ties" within rounding: each cost is a difference of two running sums, so windows that
+    # emit the same differ in their last bits, and a bare argmin picked the last of a clean plateau's starts
+    # as often as the first (a job told to wait 45 min for nothing; tests/unit/test_green_schedule.py)
+    best = float(cost.min())
+    tied = np.flatnonzero(cost <= best + TIE_RTOL * abs(best) + TIE_ATOL)
+    return int(candidates[int(tied[0])])
 
 
 def _best_slots(p: _Pieces, duration_us: int) -> list[tuple[int, int]] | None:
