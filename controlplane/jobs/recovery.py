@@ -89,6 +89,8 @@ def _new_fault(job: TrainingJob, attempt: int, payload: dict) -> JobFault:
 
 def _apply_recovery(row: JobFault, recovery: dict) -> None:
     row.recovered_at = _when(recovery.get("recovered_unix"))
+    if (step := _int_or_none(recovery.get("step"))) is not None:
+        row.step = step  # the faulted group's last step, known once it is gone (ElasticWatch)
     row.resumed_from_step = _int_or_none(recovery.get("resumed_from_step"))
     row.snapshot = str(recovery.get("snapshot") or "")[:64]
     row.steps_lost = _int_or_none(recovery.get("steps_lost"))

@@ -93,3 +93,35 @@ def test_a_node_that_joins_keeps_the_directory_and_starts_at_the_ranks_restart_c
     assert (tmp_path / "progress" / "rank0.json").exists() and joining.restart == 2
     joining.poll()
     assert joining.faults == []  # the two restarts before it joined are not its to report
+
+
+def test_a_fault_counts_the_steps_its_group_committed_after_it_was_found(tmp_path, processes):
+    """Rank 1 dies after step 10; rank 0's step 11 reaches the timeline only after the fault was found (its
+    last step before the group was stopped). The recovery gives the fault the group's real last step, and
+    the steps lost from it."""
+    recovered = []
+    watch = ElasticWatch(tmp_path, hang_timeout_s=60, on_recovered=recovered.append)
+    zero, one = processes(), processes()
+    rank0 = ProgressWriter(watch.dir, rank=0, restart=0)
+    rank0.pid = zero.pid
+    for step in range(1, 11):
+        rank0.event("step", step=step, loss=1.0)
+    rank0.update("training", 10)
+    _rank(watch, 1, 0, one, 10)
+    watch.poll()
+    _kill(one)
+    watch.poll()
+    [fault] = watch.faults
+    assert fault["step"] == 10  # all the timeline said when the fault was found
+    rank0.event("step", step=11, loss=1.0)  # committed a moment before the group was stopped
+    rank0.close()
+    _kill(zero)
+    again = ProgressWriter(watch.dir, rank=0, restart=1)
+    again.pid = processes().pid
+    again.event("resumed", from_step=8, snapshot="step-00000008")
+    again.event("step", step=9, loss=1.0)
+    again.update("training", 9)
+    again.close()
+    watch.poll()
+    [recovery] = recovered
+    assert recovery["step"] == 11 and recovery["resumed_from_step"] == 8 and recovery["steps_lost"] == 3

@@ -325,6 +325,11 @@ class ElasticWatch:
             )
             from_step = resumed.get("from_step") if resumed else None
             back_to = from_step if from_step is not None else first_step["step"] - 1
+            # the faulted group's last step, now that it is gone: when the fault was found, the timeline could
+            # still lack a step its survivors committed a moment before they were stopped
+            last = self._last_step(fault["restart"])
+            if last is not None and (fault["step"] is None or last > fault["step"]):
+                fault["step"] = last
             fault.update(
                 resumed_from_step=from_step,
                 snapshot=resumed.get("snapshot") if resumed else None,
