@@ -3,15 +3,17 @@
 ``python -m workers.training.agent <torchrun's flags> -m workers.training.run --config job.json`` takes
 exactly torchrun's command line (its own parser, ``torch.distributed.run.config_from_args``) and runs
 torchrun's elastic agent (``elastic_launch``: c10d rendezvous, ``--max-restarts``, monitoring, the same
-exit codes), but with the runtime as a Python function and ``start_method="fork"``. torchrun itself starts
+exit codes), but with the runtime as a Python function and ``start_method="fork"`` (the runtime, or
+another rank module of :data:`RUNTIMES`). torchrun itself starts
 each rank as a new interpreter, which imports torch and the runtime again: 4-9 s per restart on these
 2-core machines (``import workers.training.trainer`` measured 9.2 s under load), the largest part of the
 recovery time after a rank dies. Here the agent pays for the import once, before any rank exists; a
 restart forks the ranks from it in milliseconds.
 
 Safe because the agent never computes: no OpenMP pool, no CUDA/NPU context exists when it forks (importing
-torch creates neither), and each rank builds its own process groups after the fork. Only the runtime
-module (``-m workers.training.run``) runs this way; anything else is started as torchrun starts it.
+torch creates neither), and each rank builds its own process groups after the fork. Only the rank
+modules of :data:`RUNTIMES` (``-m workers.training.run``, a comparison's ``workers.training.comm.compare``)
+run this way; anything else is started as torchrun starts it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,18 @@ from workers.training import device as device_mod
 device_mod.prepare_environment()  # before torch is imported (torch-npu without CANN would break it)
 
 RUNTIME = "workers.training.run"
+RUNTIMES = {
+    # module a rank runs -> (module holding its main, that function's name)
+    RUNTIME: ("workers.training.run", "main"),
+    # a communication comparison's ranks: the runtime plus rank 0's step file
+    "workers.training.comm.compare": ("workers.training.comm.compare", "rank_main"),
+}
+"""The rank modules the agent forks from its import; anything else is started as torchrun starts it."""
 
 
-def run_rank(*argv: str) -> int:
-    """A forked rank: the runtime's ``main`` with its own arguments (exceptions are torchrun's to record)."""
+def run_rank(module: str, *argv: str) -> int:
+    """A forked rank: ``module``'s main (:data:`RUNTIMES`) with its own arguments (exceptions are torchrun's
+    to record)."""
     import signal
 
     # A forked child inherits the agent's Python signal handlers (torchrun turns SIGTERM into an exception
@@ -44,9 +54,10 @@ def run_rank(*argv: str) -> int:
 
     if (threads := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    from workers.training import run
+    import importlib
 
-    return run.main(list(argv))
+    where, name = RUNTIMES[module]
+    return getattr(importlib.import_module(where), name)(list(argv))
 
 
 def fork_safe() -> bool:
@@ -63,14 +74,18 @@ def main(argv: list[str] | None = None) -> int:
 
     args = torchrun.get_args_parser().parse_args(argv)
     config, cmd, cmd_args = torchrun.config_from_args(args)
-    if args.module and args.training_script == RUNTIME and not args.no_python:
+    if args.module and args.training_script in RUNTIMES and not args.no_python:
+        import importlib
+
         import workers.training.trainer  # noqa: F401  (the import every forked rank then inherits)
 
+        importlib.import_module(RUNTIMES[args.training_script][0])
         if not fork_safe():  # pragma: no cover - an accelerator runtime came up during the import
             entrypoint, entry_args = cmd, cmd_args
         else:
             config.start_method = "fork"
-            entrypoint, entry_args = run_rank, list(args.training_script_args)
+            entrypoint = run_rank
+            entry_args = [args.training_script, *args.training_script_args]
     else:
         entrypoint, entry_args = cmd, cmd_args
     elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)

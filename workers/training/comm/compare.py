@@ -214,6 +214,7 @@ def run_on_network(
                     rdzv_endpoint=endpoint,
                     run_id=run_id,
                     summary_path=str(summary_path),
+                    warm=True,  # the ranks fork from the agent's import of the runtime (agent.RUNTIMES)
                 )
                 # The agent's own address (MASTER_ADDR for the workers when it is group rank 0), and who hosts
                 # the rendezvous store: torch recognises a host only by hostname, not by a namespace's IP.
