@@ -1,6 +1,7 @@
 // Live events as a person reads them: a badge (what kind of event) and one line of text, for timelines
 // (the dashboard's live panel). "step 12 · loss 3.421 · 1,234 tokens/s · 41.2 ms/step" for a train event,
-// "running: attempt 1 · 2 ranks" for a state change, "probe from host-3 via celery: ..." for a probe.
+// "running: attempt 1 · 2 ranks" for a state change, "probe from host-3 via celery: ..." for a probe,
+// "node-a · high (0.91) · snapshot now done: ..." for a risk event.
 import { formatGiB, formatNumber, formatPercent, formatSeconds } from "./common.js";
 
 export const JOB_STATES = new Set(["scheduled", "queued", "launching", "running", "recovering", "succeeded", "failed", "cancelled"]);
@@ -54,11 +55,48 @@ function describeProgress(v) {
   ]) || join(scalars(v));
 }
 
+// a node's telemetry sample: "node-a · CPU 41% · memory 38% used · 2 source(s) absent"
+function describeTelemetry(v) {
+  const m = v.metrics || {};
+  const absent = v.absent ? Object.keys(v.absent).length : 0;
+  return join([
+    v.node,
+    m["cpu.util_pct"] != null && `CPU ${formatNumber(m["cpu.util_pct"], 0)}%`,
+    m["mem.used_pct"] != null && `memory ${formatNumber(m["mem.used_pct"], 0)}% used`,
+    absent && `${absent} source(s) absent`,
+  ]) || join(scalars(v, ["metrics", "absent", "cost"]));
+}
+
+// a node's risk: its level and score, the flag or the prevention action it carries
+function describeRisk(v) {
+  const a = v.action;
+  const f = v.flag;
+  return join([
+    v.node,
+    v.level && `${v.level}${v.risk != null ? ` (${formatNumber(v.risk, 2)})` : ""}`,
+    f && `rank ${f.rank} ${f.event === "cleared" ? "no longer flagged" : "flagged"}${f.reason ? `: ${f.reason}` : ""}`,
+    a && `${a.action.replaceAll("_", " ")} ${a.status}${a.reason ? `: ${a.reason}` : ""}`,
+  ]);
+}
+
+// the job's running energy and carbon: "0.0123 kWh · 4.1 gCO2e · 35 W · estimate" (the meter's method)
+function describeEnergy(v) {
+  return join([
+    v.kwh != null && `${formatNumber(v.kwh, 4)} kWh`,
+    v.kgco2e != null && `${formatNumber(v.kgco2e * 1000, 1)} gCO2e`,
+    v.watts != null && `${formatNumber(v.watts, 0)} W`,
+    v.method === "estimate" ? "estimate" : v.method,
+  ]) || join(scalars(v));
+}
+
 // -> {badge, badgeClass, text}
 export function describeEvent(e) {
   const v = e.values || {};
   if (e.kind === "train") return { badge: "train", badgeClass: "kind-train", text: describeTrain(e.step, v) };
   if (e.kind === "progress") return { badge: "progress", badgeClass: "kind-progress", text: describeProgress(v) };
+  if (e.kind === "telemetry") return { badge: "telemetry", badgeClass: "kind-telemetry", text: describeTelemetry(v) };
+  if (e.kind === "risk") return { badge: "risk", badgeClass: `kind-risk level-${v.level || "low"}`, text: describeRisk(v) };
+  if (e.kind === "energy") return { badge: "energy", badgeClass: "kind-energy", text: describeEnergy(v) };
   if (e.kind === "event") {
     if (v.state) {
       const text = describeState(e.step, v);
