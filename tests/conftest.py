@@ -3,8 +3,10 @@ database and the test Redis; plus users, teams and tokens."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -156,13 +158,65 @@ def start_stack(
         stack.procs[proc_name] = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
         )
+    RUNNING_STACKS.append(stack)
     return stack
+
+
+RUNNING_STACKS: list[Stack] = []
+"""The stacks this session has running: every one's relay reads the test database."""
 
 
 def stop_stack(stack: Stack) -> None:
     from controlplane.stack import stop
 
+    if stack in RUNNING_STACKS:
+        RUNNING_STACKS.remove(stack)
     stop(list(stack.procs.values()))
+
+
+def _no_write_lock_held() -> bool:
+    """True unless the test database is SQLite and another process holds its write lock right now."""
+    import sqlite3
+
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        return True
+    try:
+        other = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.2, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def relays_paused():
+    """SIGSTOP the relay of every running stack, SIGCONT it after: a test that drives the relay's work itself
+    (``publish_pending_events``) on the shared test database must not have a stack's relay take its rows."""
+    relays = [
+        s.procs["relay"] for s in RUNNING_STACKS if s.procs.get("relay") and s.procs["relay"].poll() is None
+    ]
+    for _ in range(50):
+        for p in relays:
+            os.kill(p.pid, signal.SIGSTOP)
+        if _no_write_lock_held():
+            break
+        for p in relays:  # stopped inside a write: let it finish, then stop it again
+            os.kill(p.pid, signal.SIGCONT)
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        for p in relays:
+            try:
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture(scope="session")
