@@ -3,7 +3,6 @@ measurements real runs bring back."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -302,7 +301,7 @@ def _search_run(search: StrategySearch) -> str:
         ranked = [*enumerate(result.top, start=1), *((None, p) for p in result.pareto)]
         rows, seen = [], set()
         for rank, plan in ranked:  # the top plans, then the Pareto plans not among them
-            key = json.dumps(plan.strategy.to_dict(), sort_keys=True)  # (layers_per_stage is a list)
+            key = tuple(sorted(plan.strategy.to_dict().items()))
             if key in seen:
                 continue
             seen.add(key)
