@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
+# make test: processes the test files are spread over (pytest-xdist; each starts its own Redis, database and stack)
+TEST_WORKERS ?= 2
 HOST   ?= 127.0.0.1
 export PORT HOST
 # keep torch-npu (if ever installed) from breaking `import torch` on machines without the Ascend runtime
@@ -44,7 +46,7 @@ chromium:
 	fi
 
 test: setup native chromium pdf-libs
-	$(PY) -m pytest -q --durations=40
+	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -16,6 +16,12 @@ _RUN_DIR = _ROOT / "var" / "test" / str(os.getpid())
 _RUN_DIR.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("CANN_TRAIN_VAR_DIR", str(_ROOT / "var" / "test"))
 
+# each pytest-xdist worker gets a Redis of its own, as it gets a database of its own: the one this file
+# started in the controller, whose environment the workers inherit, is not theirs (a worker's own
+# subprocesses, same PYTEST_XDIST_WORKER, do share the worker's)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if os.environ.get("_CANN_TRAIN_TEST_REDIS_FOR", _WORKER) != _WORKER:
+    del os.environ["CANN_TRAIN_TEST_REDIS_URL"], os.environ["_CANN_TRAIN_TEST_REDIS_FOR"]
 if not os.environ.get("CANN_TRAIN_TEST_REDIS_URL"):
     from controlplane.stack import free_port, start_embedded_redis, stop
 
@@ -25,6 +31,7 @@ if not os.environ.get("CANN_TRAIN_TEST_REDIS_URL"):
     # only the process that started it stops it (a forked child inherits atexit handlers)
     atexit.register(lambda: os.getpid() == _owner and stop([_redis]))
     os.environ["CANN_TRAIN_TEST_REDIS_URL"] = f"redis://127.0.0.1:{_port}/0"
+    os.environ["_CANN_TRAIN_TEST_REDIS_FOR"] = _WORKER
 os.environ["REDIS_URL"] = os.environ["CANN_TRAIN_TEST_REDIS_URL"]
 
 if os.environ.get("TEST_DATABASE_URL"):
