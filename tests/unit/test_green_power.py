@@ -18,6 +18,7 @@ from workers.green.power import (
     PowerReading,
     RaplEnergy,
     SourceUnavailable,
+    codecarbon_cpu_tdp,
     parse_npu_smi_mapping,
     parse_npu_smi_power,
     select_meter,
@@ -68,14 +69,21 @@ def test_estimate_on_this_machine_is_positive_labelled_and_names_rapl_absent():
     assert first.joules["device"] == 0.0 and 0.0 <= first.joules["cpu"] < last.joules["cpu"]
     assert last.joules["memory"] > first.joules["memory"] >= 0.0 and last.joules["device"] == 0.0
     # TDP x CPU seconds / logical CPUs can never exceed TDP x wall time
-    assert last.joules["cpu"] - first.joules["cpu"] <= UNKNOWN_CPU_TDP_WATTS * wall * 1.05
+    assert last.joules["cpu"] - first.joules["cpu"] <= d["components"]["cpu"]["tdp_watts"] * wall * 1.05
     assert d["method"] == "estimate" and d["measured"] is False
     assert d["estimated"] == ["cpu", "memory"] and d["missing"] == []
     assert "estimate" in d["label"] and "not measured" in d["label"]
     cpu = d["components"]["cpu"]
     assert cpu["source"] == "estimate" and cpu["measured"] is False and "not measured" in cpu["label"]
-    assert cpu["tdp_watts"] == 85.0 and "POWER_CONSTANT = 85" in cpu["tdp_source"]
     assert cpu["cpu_model"]  # as /proc/cpuinfo names it
+    known = codecarbon_cpu_tdp(cpu["cpu_model"])
+    if known is None:  # this machine's VM CPU ("Intel(R) Xeon(R) Processor") is in no table row of its own
+        assert (
+            cpu["tdp_watts"] == UNKNOWN_CPU_TDP_WATTS == 85.0 and "POWER_CONSTANT = 85" in cpu["tdp_source"]
+        )
+        assert "is not in CodeCarbon's CPU table" in cpu["tdp_source"]
+    else:
+        assert cpu["tdp_watts"] == known[0] and repr(known[1]) in cpu["tdp_source"]
     assert "3 W per 8 GB" in d["components"]["memory"]["watts_per_GiB_source"]
     assert d["components"]["device"]["source"] == "none"
     rapl = [t for t in d["tried"] if t["source"] == "rapl"]
@@ -345,3 +353,26 @@ def test_a_given_cpu_tdp_replaces_the_default_and_says_so(powercap):
     with select_meter("cpu", cpu_tdp_watts=120, rapl_root=powercap / "absent") as meter:
         cpu = meter.describe()["components"]["cpu"]
     assert cpu["tdp_watts"] == 120.0 and cpu["tdp_source"] == "given (the cluster's CPU TDP)"
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        # /proc/cpuinfo names -> CodeCarbon's table rows, as CodeCarbon's own matcher pairs them
+        ("Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz", ("Intel Xeon Gold 6248", 150.0)),
+        ("AMD EPYC 7763 64-Core Processor", ("AMD EPYC 7763", 280.0)),
+        ("Intel(R) Core(TM) i7-8700K CPU @ 3.70GHz", ("Intel Core i7-8700K", 95.0)),
+        ("AMD Ryzen 9 5950X 16-Core Processor", ("AMD Ryzen 9 5950X", 105.0)),
+        # a VM's generic name fits many rows equally: no guess, the unknown-CPU default instead
+        ("Intel(R) Xeon(R) Processor", None),
+        ("Kunpeng 920", None),
+        ("", None),
+    ],
+)
+def test_a_known_cpu_takes_its_tdp_from_codecarbons_table_and_a_generic_name_none(model, expected):
+    found = codecarbon_cpu_tdp(model)
+    if expected is None:
+        assert found is None
+    else:
+        tdp, name, version = found
+        assert (name, tdp) == expected and version.startswith("3.")

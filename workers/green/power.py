@@ -26,6 +26,8 @@ the machine); the estimates cover the job's process tree. A node's meter should 
 
 from __future__ import annotations
 
+import csv
+import functools
 import json
 import math
 import os
@@ -646,6 +648,71 @@ def cpu_model_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+CODECARBON_CPU_TABLE = "data/hardware/cpu_power.csv"
+
+
+@functools.cache
+def _codecarbon_cpu_table() -> tuple[str, dict[str, float]] | None:
+    """CodeCarbon's version and its CPU TDP table (``Name,TDP``, some 4,900 models), read from the installed
+    package's data without importing ``codecarbon`` (its import is slow and probes the hardware); ``None``
+    when the package or the file is absent."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("codecarbon")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / CODECARBON_CPU_TABLE
+    text = _read_text(path)
+    if not text:
+        return None
+    table: dict[str, float] = {}
+    for row in csv.DictReader(text.splitlines()):
+        try:
+            tdp = float(row["TDP"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if row.get("Name") and math.isfinite(tdp) and tdp > 0:
+            table[row["Name"]] = tdp
+    return importlib.metadata.version("codecarbon"), table
+
+
+def codecarbon_cpu_tdp(model_raw: str) -> tuple[float, str, str] | None:
+    """``(tdp_watts, matched name, codecarbon version)`` of a CPU model in CodeCarbon's table, or ``None``.
+
+    CodeCarbon's own matching (``codecarbon/core/cpu.py``, ``TDP._get_matching_cpu``, non-greedy), with its
+    matcher, rapidfuzz: an exact case-insensitive name; else the name without ``(R)``, `` CPU`` and the
+    ``@ x.xxGHz`` clock, exactly; else a token-set ratio of 100 (one name's words contain the other's), and
+    then only if one model scores best: a generic VM name like ``Intel(R) Xeon(R) Processor`` matches
+    nothing rather than some Xeon's TDP."""
+    from rapidfuzz import fuzz, process, utils
+
+    loaded = _codecarbon_cpu_table()
+    if loaded is None or not model_raw:
+        return None
+    version, table = loaded
+    names = list(table)
+
+    def exact(model: str) -> str | None:
+        hit = process.extractOne(model, names, processor=str.lower, scorer=fuzz.ratio, score_cutoff=100)
+        return hit[0] if hit else None
+
+    found = exact(model_raw)
+    if found is None:
+        model = model_raw.replace("(R)", "")
+        cut = model.find(" CPU @ ")
+        model = (model[:cut] if cut > 0 else model).replace(" CPU", "")
+        model = re.sub(r" @\s*\d+\.\d+GHz", "", model)
+        found = exact(model)
+        if found is None:
+            hits = process.extract(
+                model, names, processor=utils.default_process, scorer=fuzz.token_set_ratio, score_cutoff=100
+            )
+            if len(hits) == 1 or (len(hits) > 1 and hits[0][1] != hits[1][1]):
+                found = hits[0][0]
+    return None if found is None else (table[found], found, version)
+
+
 class ProcessTree:
     """CPU seconds and resident memory of a process and its descendants, sampled once per meter read.
 
@@ -722,12 +789,21 @@ class CpuEstimate(_Source):
         super().__init__(["cpu"])
         self.tree = tree
         self.model = cpu_model_name()
-        self.tdp_watts = UNKNOWN_CPU_TDP_WATTS if tdp_watts is None else float(tdp_watts)
-        self.tdp_source = (
-            "given (the cluster's CPU TDP)"
-            if tdp_watts is not None
-            else f"CodeCarbon's default for a CPU it does not know: {_DEFAULTS['cpu']['unknown_tdp_source']}"
-        )
+        known = None if tdp_watts is not None else codecarbon_cpu_tdp(self.model)
+        if tdp_watts is not None:
+            self.tdp_watts, self.tdp_source = float(tdp_watts), "given (the cluster's CPU TDP)"
+        elif known is not None:
+            self.tdp_watts = known[0]
+            self.tdp_source = (
+                f"CodeCarbon {known[2]}'s CPU table ({CODECARBON_CPU_TABLE}): {known[1]!r}, matched to "
+                f"{self.model!r} as CodeCarbon matches it"
+            )
+        else:
+            self.tdp_watts = UNKNOWN_CPU_TDP_WATTS
+            self.tdp_source = (
+                f"{self.model!r} is not in CodeCarbon's CPU table (or matches several models), so "
+                f"CodeCarbon's default for a CPU it does not know: {_DEFAULTS['cpu']['unknown_tdp_source']}"
+            )
         self.cpu_count = cpu_count or psutil.cpu_count(logical=True) or os.cpu_count() or 1
 
     def joules(self, now: float) -> dict[str, float]:
