@@ -14,7 +14,7 @@ from controlplane.common import errors
 from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
 from controlplane.dashboard.views import dashboard
-from controlplane.green.views import green_index
+from controlplane.green.views import green_index, green_report
 from controlplane.jobs import failure_pattern_apis
 from controlplane.jobs import views as job_views
 from controlplane.jobs.apis import TrainingJobViewSet
@@ -74,6 +74,7 @@ urlpatterns = [
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
     path("green/", green_index, name="green"),
+    path("green/reports/<str:code>/", green_report, name="green-report"),
     path("failure-patterns/", job_views.failure_pattern_list, name="failure-pattern-list"),
     path("failure-patterns/<str:key>/", job_views.failure_pattern_detail, name="failure-pattern-detail"),
     path("healthz", healthz, name="healthz"),

@@ -6,6 +6,7 @@ downloaded PDF: also compare the figures it prints). A report is issued from its
 from __future__ import annotations
 
 from django.http import Http404, HttpResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -31,6 +32,7 @@ class CertificateRowSerializer(serializers.Serializer):
     estimate = serializers.SerializerMethodField(help_text="true when the energy is an estimate, not metered")
     pdf_url = serializers.SerializerMethodField()
     verify_url = serializers.SerializerMethodField()
+    page_url = serializers.SerializerMethodField(help_text="the report's page: its figures, verified")
 
     def _results(self, obj) -> dict:
         return obj.document.get("results") or {}
@@ -50,6 +52,9 @@ class CertificateRowSerializer(serializers.Serializer):
 
     def get_verify_url(self, obj) -> str:
         return f"/api/certificates/{obj.code}/verify"
+
+    def get_page_url(self, obj) -> str:
+        return reverse("green-report", args=[obj.code])
 
 
 class MismatchSerializer(serializers.Serializer):

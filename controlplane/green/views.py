@@ -1,20 +1,24 @@
 """The Green page: the team's energy and carbon totals, carbon-aware scheduling (a form that posts to
-/api/green/schedules/, the result charted) and the knowledge base of green schedules; energy reports below."""
+/api/green/schedules/, the result charted) and the knowledge base of green schedules; energy reports below.
+A report's own page (``/green/reports/<code>/``) verifies it: against the job's stored measurements on every
+visit, and against a downloaded PDF uploaded to it."""
 
 from __future__ import annotations
 
 import os
 
+from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
 
 from controlplane.accounts.selectors import teams_of
 from controlplane.green import selectors
 from controlplane.green.apis import MAX_HOURS, ScheduleRowSerializer
-from controlplane.green.certificate_apis import CertificateRowSerializer
-from controlplane.green.certificates import certificates_of
+from controlplane.green.certificate_apis import MAX_PDF_BYTES, CertificateRowSerializer
+from controlplane.green.certificates import certificate_of, certificate_verify, certificates_of
 from controlplane.jobs.selectors import jobs_of
 from workers.green.history import SOURCE as HISTORY_SOURCE
 from workers.green.history import ZONES as HISTORY_ZONES
@@ -67,4 +71,78 @@ def green_index(request):
                 "schedules": ScheduleRowSerializer(schedules, many=True).data,
             },
         },
+    )
+
+
+class PdfCheckForm(forms.Form):
+    file = forms.FileField(label="A downloaded report (PDF)")
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        if upload.size > MAX_PDF_BYTES:
+            raise forms.ValidationError(f"At most {MAX_PDF_BYTES // 2**20} MiB: a report is about 40 KB.")
+        return upload
+
+
+# the figures the report page shows, as (label, path in the document's results, unit)
+REPORT_FIGURES = (
+    ("Facility energy", "kwh.facility", "kWh"),
+    ("IT energy", "kwh.it", "kWh"),
+    ("Carbon, location-based", "kgco2e_location", "kgCO2e"),
+    ("Carbon, market-based", "kgco2e_market", "kgCO2e"),
+    ("SCI", "sci.value", "gCO2e per 1M tokens"),
+    ("Tokens per kWh", "tokens_per_kwh", ""),
+    ("Tokens", "tokens", ""),
+)
+
+
+def _at(node, path: str):
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+@login_required
+def green_report(request, code: str):
+    """One energy report: its figures, and whether it verifies (the stored document rebuilt from the job's
+    measurements on every visit; a downloaded PDF too when one is uploaded here)."""
+    report = certificate_of(request.user, code)
+    if report is None:  # another team's report, a mistyped code or none: the same 404
+        raise Http404("No such report among your teams' reports.")
+    form, status, pdf_error = PdfCheckForm(), 200, ""
+    pdf = None
+    if request.method == "POST":
+        form = PdfCheckForm(request.POST, request.FILES)
+        if form.is_valid():
+            pdf = form.cleaned_data["file"].read()
+        else:
+            status = 400
+    try:
+        result = certificate_verify(report, pdf=pdf)
+    except ValueError as exc:  # not a report PDF (no read-back block, wrong code printed...)
+        result, status, pdf_error = certificate_verify(report), 400, str(exc)
+    except Exception as exc:  # noqa: BLE001 - pypdf's errors on a damaged file (PdfReadError and others)
+        result, status = certificate_verify(report), 400
+        pdf_error = f"That PDF cannot be read ({type(exc).__name__}): upload the report as downloaded."
+    results = report.document.get("results") or {}
+    row = CertificateRowSerializer(report).data
+    figures = [
+        {"label": label, "value": _at(results, path), "unit": unit, "field": f"results.{path}"}
+        for label, path, unit in REPORT_FIGURES
+        if _at(results, path) is not None
+    ]
+    return render(
+        request,
+        "green/report.html",
+        {
+            "report": report,
+            "row": row,
+            "document": report.document,
+            "figures": figures,
+            "schedule": results.get("schedule"),
+            "result": result,
+            "form": form,
+            "pdf_error": pdf_error,
+        },
+        status=status,
     )

@@ -52,7 +52,7 @@ def alice(make_member):
     return make_member("alice", "Team A")
 
 
-def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page, alice, token_for):
+def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page, alice, token_for, tmp_path):
     from controlplane.jobs.models import TrainingJob
 
     client = APIClient()
@@ -142,6 +142,20 @@ def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page
         timeout=60,
     )
     assert check.status_code == 200 and check.json()["valid"], check.content
+    # the page's "verify" link opens the report's page, which verifies it and checks an uploaded copy
+    job_url = page.url
+    with page.expect_navigation():
+        page.click("#report-code a")
+    assert page.url.endswith(f"/green/reports/{code}/")
+    assert page.get_attribute("#report-verification", "data-valid") == "true"
+    assert page.inner_text("#verdict").startswith("Verified.") and page.is_visible("#report-estimate")
+    saved = tmp_path / "report.pdf"
+    saved.write_bytes(pdf)
+    page.set_input_files("#pdf-check input[type=file]", str(saved))
+    with page.expect_navigation():
+        page.click("#pdf-check button[type=submit]")
+    assert "uploaded PDF" in page.inner_text("#verdict") and page.inner_text("#pdf-errors") == ""
+    page.goto(job_url)
 
     # a page opened after the run draws the same points from the stored history
     page.reload()

@@ -247,6 +247,7 @@ PAGES: dict[str, Page] = {
     "plan-diff": Page("/planning/plans/diff/?a={plan}&b={plan}", bob="404"),
     "plan-detail": Page("/planning/plans/{plan}/", bob="404"),
     "green": Page("/green/"),
+    "green-report": Page("/green/reports/{certificate}/", bob="404"),
     "failure-pattern-list": Page("/failure-patterns/"),
     "failure-pattern-detail": Page("/failure-patterns/{pattern}/", bob="404"),
 }
@@ -544,7 +545,14 @@ def page_routes() -> dict[str, str]:
 
 def _page_url(page: Page, objects: dict[str, int], missing: bool = False) -> str:
     url = page.url
-    kinds = {"job": "job", "search": "search", "plan": "plan", "token": "token", "pattern": "failure-pattern"}
+    kinds = {
+        "job": "job",
+        "search": "search",
+        "plan": "plan",
+        "token": "token",
+        "pattern": "failure-pattern",
+        "certificate": "certificate",
+    }
     for kind, obj in kinds.items():
         url = url.replace("{" + kind + "}", str(MISSING if missing else objects[obj]))
     return url

@@ -198,11 +198,57 @@ def check_energy_report(client, job, cli: tuple | None = None) -> None:
     junk = client.post(row["verify_url"], {"file": io.BytesIO(b"not a pdf")}, format="multipart")
     assert junk.status_code == 400 and "PDF" in str(junk.json())
     # an altered stored figure fails: against the measurements and the code
+    check_report_page(job, row, data, bad_pdf.getvalue())
     report.document = forged
     report.save(update_fields=["document"])
     tampered = client.get(row["verify_url"]).json()
     assert not tampered["valid"] and not tampered["code_matches"] and not tampered["figures_match"]
     assert "results.kgco2e_location" in [m["field"] for m in tampered["mismatches"]]
+    page = logged_in(job.created_by).get(row["page_url"])
+    html = page.content.decode()
+    assert page.status_code == 200 and 'data-valid="false"' in html and "Does not verify" in html
+    assert '<tr data-field="results.kgco2e_location">' in html.split('id="mismatches"')[1]
+
+
+def logged_in(user):
+    from django.test import Client
+
+    browser = Client()
+    browser.force_login(user)
+    return browser
+
+
+def check_report_page(job, row, pdf: bytes, forged_pdf: bytes) -> None:
+    """The report's page (what the job page's and the Green page's "verify" links open): its figures and
+    the verdict, and a copy uploaded to its form checked the same way as by the API."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    browser = logged_in(job.created_by)
+    assert row["page_url"] == f"/green/reports/{row['code']}/"
+    page = browser.get(row["page_url"])
+    html = page.content.decode()
+    assert page.status_code == 200 and 'data-valid="true"' in html and "Verified." in html, html[-3000:]
+    assert row["code"] in html and f'href="/jobs/{job.pk}/"' in html and 'id="report-estimate"' in html
+    assert '<tr data-field="results.kwh.facility">' in html and row["pdf_url"] in html
+    checked = browser.post(row["page_url"], {"file": SimpleUploadedFile("r.pdf", pdf, "application/pdf")})
+    html = checked.content.decode()
+    assert checked.status_code == 200 and 'data-valid="true"' in html and "the uploaded PDF" in html
+    forged = browser.post(
+        row["page_url"], {"file": SimpleUploadedFile("f.pdf", forged_pdf, "application/pdf")}
+    )
+    html = forged.content.decode()
+    assert (
+        forged.status_code == 200
+        and 'data-valid="false"' in html
+        and "does not show the stored report" in html
+    )
+    assert '<tr data-field="results.kgco2e_location">' in html.split('id="pdf-mismatches"')[1]
+    for junk, words in ((b"not a pdf", "not a PDF"), (b"%PDF-1.7 broken", "cannot be read"), (b"", "empty")):
+        bad = browser.post(row["page_url"], {"file": SimpleUploadedFile("j.pdf", junk, "application/pdf")})
+        assert bad.status_code == 400 and words in bad.content.decode(), bad.content.decode()[-2000:]
+    missing = browser.post(row["page_url"], {})
+    assert missing.status_code == 400 and "This field is required" in missing.content.decode()
+    assert browser.get("/green/reports/NOT-A-CODE/").status_code == 404
 
 
 def test_invalid_job_is_a_400_naming_the_field(live_stack, alice_client):

@@ -779,7 +779,7 @@ class JobDetail {
       if (!r.ok) { this.showActionError(failureLines(r, "the report could not be issued").join(" ")); return; }
       const code = this.el("report-code");
       code.replaceChildren("code ", Object.assign(document.createElement("code"), { textContent: r.body.code }), " · ",
-        Object.assign(document.createElement("a"), { href: r.body.verify_url, textContent: "verify (JSON)" }));
+        Object.assign(document.createElement("a"), { href: r.body.page_url, textContent: "verify" }));
       code.dataset.code = r.body.code;
       report.textContent = "Download the energy and carbon report (PDF)";
       const a = Object.assign(document.createElement("a"), { href: r.body.pdf_url, download: "" });
