@@ -3,6 +3,7 @@ measurements real runs bring back."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -301,7 +302,7 @@ def _search_run(search: StrategySearch) -> str:
         ranked = [*enumerate(result.top, start=1), *((None, p) for p in result.pareto)]
         rows, seen = [], set()
         for rank, plan in ranked:  # the top plans, then the Pareto plans not among them
-            key = tuple(sorted(plan.strategy.to_dict().items()))
+            key = json.dumps(plan.strategy.to_dict(), sort_keys=True)  # (layers_per_stage is a list)
             if key in seen:
                 continue
             seen.add(key)

@@ -51,9 +51,10 @@ ELASTIC = {"nnodes": 2, "min_nodes": 1, "snapshot_every": 2}
         ({"nnodes": 2, "min_nodes": 1}, "snapshot_every", "needs snapshots"),
         ({**ELASTIC, "max_restarts": 0}, "max_restarts", "needs max_restarts > 0"),
         ({"max_nodes": 3, "min_nodes": 1, "snapshot_every": 2}, "nnodes", "must divide the world size"),
-        # 4 ranks on 4 nodes; on 3 nodes a global batch of 8 splits over no layout
-        ({"strategy": {"dp": 4}, "max_nodes": 4, "min_nodes": 3, "snapshot_every": 2}, "min_nodes",
-         "on 3 node(s) the job would have 3 rank(s), and no layout runs it there"),
+        # 8 ranks on 8 nodes; on 5 nodes a global batch of 8 splits over no layout (3 would run, pp 3 with
+        # the 4 layers as 1, 2, 1)
+        ({"strategy": {"dp": 8, "micro_batch_size": 1}, "max_nodes": 8, "min_nodes": 5, "snapshot_every": 2},
+         "min_nodes", "on 5 node(s) the job would have 5 rank(s), and no layout runs it there"),
     ],
 )  # fmt: skip
 def test_submit_refuses_a_node_range_that_cannot_work_saying_why(alice, extra, field, words):

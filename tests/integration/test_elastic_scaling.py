@@ -113,5 +113,9 @@ def test_replan_keeps_everything_but_dp_or_says_why_nothing_fits():
     assert smaller.strategy.dp == 1 and smaller.training.global_batch_size == 8
     assert decision["action"] == "shrink" and decision["how"] == "dp 2 -> 1, everything else kept"
     assert decision["predicted_before"]["tokens_per_s"] > decision["predicted_after"]["tokens_per_s"]
-    with pytest.raises(ConfigError, match="no layout runs this job on 3 rank"):
-        replan(cfg, 3)  # a global batch of 8 does not split over 3 ranks, whatever the layout
+    # 3 ranks cannot split a global batch of 8 over dp: the planner lays the 4 layers out as 3 uneven stages
+    odd, decision = replan(cfg, 3)
+    assert (odd.strategy.dp, odd.strategy.pp, odd.strategy.layers_per_stage) == (1, 3, (1, 2, 1))
+    assert decision["how"] == "the planner's best layout for 3 ranks"
+    with pytest.raises(ConfigError, match="no layout runs this job on 5 rank"):
+        replan(cfg, 5)  # 5 ranks: no dp divides the batch, no tp the heads, and pp 5 exceeds the 4 layers

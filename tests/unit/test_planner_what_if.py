@@ -39,17 +39,20 @@ def test_losing_nodes_keeps_the_cluster_and_names_the_loss():
 
 
 def test_no_layout_on_every_node_falls_back_to_the_largest_node_count_that_has_one():
-    # 7 nodes x 8 = 56 devices; a global batch of 32 leaves dp a power of two, and 24 layers / 16 heads
-    # cannot take a factor of 7 in pp or tp: nothing uses all 7 nodes, 4 nodes (32 devices) work
+    # 29 nodes x 8 = 232 devices; a global batch of 32 leaves dp a power of two, 16 heads cannot take a
+    # factor of 29 in tp, nor 24 layers in pp (more stages than layers; uneven stages take any pp up to
+    # 24): nothing uses all 29 nodes, 28 nodes (pp 7 or 14) work
     model = ModelSpec.from_dict(MODEL)
     training = TrainingConfig.from_dict({"global_batch_size": 32})
-    cluster = ClusterSpec.from_dict(a100_cluster(7))
+    cluster = ClusterSpec.from_dict(a100_cluster(29))
     assert search(model, cluster, training).best is None
     result, used = search_allowing_idle_nodes(model, cluster, training, top_k=3)
     assert result.best is not None and used.num_nodes == result.stats["nodes_used"]
-    assert used.num_nodes < 7
-    assert search(model, cluster.with_nodes(used.num_nodes + 1), training).best is None or used.num_nodes == 6
-    assert f"leaves {7 - used.num_nodes} idle" in result.stats["note"]
+    assert used.num_nodes < 29
+    assert (
+        search(model, cluster.with_nodes(used.num_nodes + 1), training).best is None or used.num_nodes == 28
+    )
+    assert f"leaves {29 - used.num_nodes} idle" in result.stats["note"]
 
 
 def test_a_cluster_that_fits_is_searched_as_is():
@@ -63,7 +66,7 @@ def test_a_cluster_that_fits_is_searched_as_is():
 def test_the_cli_runs_the_same_what_if(tmp_path):
     for name, doc in (
         ("model", MODEL),
-        ("cluster", a100_cluster(8, name="pod")),
+        ("cluster", a100_cluster(30, name="pod")),
         ("training", {"global_batch_size": 32}),
     ):
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
@@ -76,12 +79,12 @@ def test_the_cli_runs_the_same_what_if(tmp_path):
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert "pod minus 1 node" in r.stdout and "note: no layout uses all 7 nodes" in r.stdout
+    assert "pod minus 1 node" in r.stdout and "note: no layout uses all 29 nodes" in r.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "strategy", *args, "--lose-nodes", "8"],
+        [sys.executable, "-m", "workers.cli", "strategy", *args, "--lose-nodes", "30"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert bad.returncode == 2 and "lose_nodes: must be between 1 and 7" in bad.stderr
+    assert bad.returncode == 2 and "lose_nodes: must be between 1 and 29" in bad.stderr

@@ -188,6 +188,13 @@ def format_result(result, model, cluster, training) -> str:
         f"  bubble fraction {p['bubble_fraction']:.3f}; scaling efficiency {p['scaling_efficiency']:.3f} "
         f"(per-device throughput vs the smallest device count that fits)",
     ]
+    if (split := result.best.strategy.layers_per_stage) is not None:
+        from .search import stage_split_text
+
+        lines.append(
+            f"  layers per stage (first to last): {stage_split_text(split)}; step time and memory are the "
+            "slowest and the largest stage's"
+        )
     return "\n".join(lines)
 
 

@@ -5,6 +5,11 @@ so that ``evaluate`` (one layout) and ``search`` (a million) run the same code. 
 
 Units: bytes, seconds, FLOPs. ``T`` is tokens per micro-batch on one context-parallel rank
 (``micro_batch_size * seq_length / cp``).
+
+Pipeline stages may be uneven (``strategy.layers_per_stage``). Each layout's split is summarised by the
+layers on its first stage, on its heaviest middle stage and on its last stage
+(:meth:`CostModel.stage_layers`); each of the three is charged its own layers, the first the embedding
+and the last the LM head, logits and loss; step time follows the slowest of them and memory the largest.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .hardware import Efficiency
-from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
+from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig, stage_split_summary
 
 GiB = float(1 << 30)
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
@@ -35,20 +40,42 @@ class Layouts:
     rc: np.ndarray
     zero: np.ndarray
     sp: np.ndarray
+    first_layers: np.ndarray | None = None
+    """Layers on the first pipeline stage. None, with the two below: the balanced split of each ``pp``
+    (:func:`~workers.planner.specs.balanced_stage_split`), which the cost model works out itself."""
+    mid_layers: np.ndarray | None = None
+    """Most layers on a stage between the first and the last (0 when pp <= 2)."""
+    last_layers: np.ndarray | None = None
+    """Layers on the last pipeline stage (the first stage itself when pp == 1)."""
+
+    def arrays(self) -> list[tuple[str, np.ndarray]]:
+        """``(field name, array)`` of the fields this instance holds (a stage split left out is skipped)."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Broadcast shape of the fields: (n,) for a flat list, (rows, extras) for a factored grid."""
-        return np.broadcast_shapes(*(getattr(self, f.name).shape for f in fields(self)))
+        return np.broadcast_shapes(*(a.shape for _name, a in self.arrays()))
 
     def __len__(self) -> int:
         return int(np.prod(self.shape))
 
     @classmethod
-    def from_strategies(cls, strategies: list[Strategy]) -> Layouts:
+    def from_strategies(cls, strategies: list[Strategy], num_layers: int | None = None) -> Layouts:
+        """The strategies as arrays. Their stage splits are carried when any lists ``layers_per_stage``
+        (the others then take :meth:`Strategy.stage_layers` of ``num_layers``, which is required);
+        otherwise left to the cost model (the balanced split of each ``pp``)."""
+
         def col(name, conv=int):
             return np.array([conv(getattr(s, name)) for s in strategies], dtype=np.int64)
 
+        stages: dict[str, np.ndarray] = {}
+        if any(s.layers_per_stage is not None for s in strategies):
+            if num_layers is None and any(s.layers_per_stage is None for s in strategies):
+                raise ValueError("num_layers is needed to split the strategies without layers_per_stage")
+            rows = [stage_split_summary(s.layers_per_stage or s.stage_layers(num_layers)) for s in strategies]
+            for j, name in enumerate(("first_layers", "mid_layers", "last_layers")):
+                stages[name] = np.array([r[j] for r in rows], dtype=np.int64)
         return cls(
             tp=col("tp"),
             pp=col("pp"),
@@ -60,14 +87,19 @@ class Layouts:
             rc=np.array([RECOMPUTE_CODES[s.recompute] for s in strategies]),
             zero=col("zero_stage"),
             sp=col("sequence_parallel", lambda v: 1 if v else 0),
+            **stages,
         )
 
     @classmethod
     def grid(cls, base: np.ndarray, rcs, zeros, sps) -> Layouts:
-        """A factored grid: ``base`` rows (tp, cp, pp, dp, ep, vpp, mbs) times the recompute, ZeRO and
-        sequence-parallel options, as arrays of shape (rows,1,1,1), (1,R,1,1), (1,1,Z,1), (1,1,1,S) that
-        numpy broadcasts: a term is computed once per distinct value of the fields it depends on."""
-        b = [base[:, i].reshape(-1, 1, 1, 1) for i in range(7)]
+        """A factored grid: ``base`` rows (tp, cp, pp, dp, ep, vpp, mbs[, first, mid, last stage layers])
+        times the recompute, ZeRO and sequence-parallel options, as arrays of shape (rows,1,1,1),
+        (1,R,1,1), (1,1,Z,1), (1,1,1,S) that numpy broadcasts: a term is computed once per distinct value of
+        the fields it depends on."""
+        b = [base[:, i].reshape(-1, 1, 1, 1) for i in range(base.shape[1])]
+        stages = {}
+        if len(b) >= 10:
+            stages = dict(first_layers=b[7], mid_layers=b[8], last_layers=b[9])
         return cls(
             tp=b[0],
             cp=b[1],
@@ -79,23 +111,25 @@ class Layouts:
             rc=np.asarray(rcs, dtype=np.int64).reshape(1, -1, 1, 1),
             zero=np.asarray(zeros, dtype=np.int64).reshape(1, 1, -1, 1),
             sp=np.asarray(sps, dtype=np.int64).reshape(1, 1, 1, -1),
+            **stages,
         )
 
     def take(self, idx) -> Layouts:
         """Rows of a flat list."""
-        return Layouts(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        return Layouts(**{name: a[idx] for name, a in self.arrays()})
 
     def flat(self, index: tuple[np.ndarray, ...] | None = None) -> Layouts:
         """A flat list of the layouts at ``index`` (a tuple from ``np.nonzero`` on the grid shape)."""
         shape = self.shape
         out = {}
-        for f in fields(self):
-            arr = np.broadcast_to(getattr(self, f.name), shape)
-            out[f.name] = arr[index] if index is not None else arr.reshape(-1)
+        for name, a in self.arrays():
+            arr = np.broadcast_to(a, shape)
+            out[name] = arr[index] if index is not None else arr.reshape(-1)
         return Layouts(**out)
 
     def strategy(self, i: int, order: str = "tp-cp-ep-dp-pp") -> Strategy:
-        """The i-th layout of a flat list as a :class:`Strategy`."""
+        """The i-th layout of a flat list as a :class:`Strategy` (without ``layers_per_stage``: the arrays
+        hold only a summary of the split; ``search`` writes the split out)."""
         return Strategy(
             tp=int(self.tp[i]),
             pp=int(self.pp[i]),
@@ -317,26 +351,78 @@ class CostModel:
             self.moe_load = 1.0
 
     # ---------------------------------------------------------------- parameters and memory
-    def stage_parameters(self, L: Layouts) -> dict[str, np.ndarray]:
-        """Parameters held by one device of the heaviest stage, before ZeRO sharding: ``dense`` (replicated
-        across data parallel) and ``expert`` (sharded by EP), as float arrays."""
-        m, p = self.model, L.pp.astype(np.float64)
+    def stage_layers(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Layers of each layout on its ``first`` stage, its heaviest ``middle`` stage (0 when pp <= 2) and its
+        ``last`` stage (the one stage itself when pp == 1), as float arrays: the split ``L`` carries, else
+        :func:`~workers.planner.specs.balanced_stage_split` of each ``pp`` (the even split when pp divides
+        the layers).
+
+        The middle stage is costed as stage 1, the middle stage with the most micro-batches in flight under
+        1F1B: exact for the balanced split (its remainder fills the middle stages from stage 1 on), an upper
+        bound on the memory of a listed split whose heaviest middle stage sits later."""
+        if L.first_layers is not None:
+            return {
+                "first": L.first_layers.astype(np.float64),
+                "middle": L.mid_layers.astype(np.float64),
+                "last": L.last_layers.astype(np.float64),
+            }
+        n = self.model.num_layers
+        base, extra = np.divmod(n, L.pp)
+        # balanced_stage_split, vectorised: the remainder goes to the middle stages, then to the first
+        first = base + (extra > np.maximum(L.pp - 2, 0))
+        middle = np.where(L.pp > 2, base + (extra > 0), 0)
+        return {
+            "first": first.astype(np.float64),
+            "middle": middle.astype(np.float64),
+            "last": base.astype(np.float64),
+        }
+
+    def _parameters_on(self, L: Layouts, layers: np.ndarray, vocab_matrices) -> dict[str, np.ndarray]:
+        """Parameters one device of a stage of ``layers`` layers holds, before ZeRO sharding, with
+        ``vocab_matrices`` vocabulary-sized matrices (embedding, LM head): ``dense`` (replicated across data
+        parallel) and ``expert`` (sharded by EP). The stage's MoE layers are its share of the model's
+        (``layers * num_moe_layers / num_layers``), wherever they sit."""
+        m = self.model
         t = L.tp.astype(np.float64)
         per_layer_dense = self.params["attention"] / m.num_layers
         dense_mlp = self.params["dense_mlp"] / max(self.n_dense, 1)
         shared = self.params["shared"] / max(self.n_moe, 1)
         experts = self.params["experts"] / max(self.n_moe, 1)
-        layers_dense = self.n_dense / p
-        layers_moe = self.n_moe / p
+        layers_dense = layers * (self.n_dense / m.num_layers)
+        layers_moe = layers * (self.n_moe / m.num_layers)
         # Megatron-LM: every matrix is split by TP (vocab-parallel embedding too); norms are replicated
         body = (layers_dense * (per_layer_dense + dense_mlp) + layers_moe * (per_layer_dense + shared)) / t
-        norms = 4 * m.hidden_size * (m.num_layers / p)
-        emb = m.vocab_size * m.hidden_size / t
-        # p == 1: one stage holds input embedding and output layer; p > 1: first has the embedding, last
-        # the output layer (plus a copy of the embedding when tied)
-        edge = np.where(p > 1, emb, emb * (1 if m.tied_embeddings else 2))
+        norms = 4 * m.hidden_size * layers
+        edge = vocab_matrices * (m.vocab_size * m.hidden_size / t)
         expert = layers_moe * experts / (L.ep * t)
         return {"dense": body + norms + edge, "expert": expert}
+
+    def parameters_by_stage(self, L: Layouts) -> dict[str, dict[str, np.ndarray]]:
+        """:meth:`_parameters_on` the ``first``, ``middle`` and ``last`` stage of :meth:`stage_layers`.
+
+        p == 1: the one stage holds input embedding and output layer (one matrix when tied); p > 1: the
+        first has the embedding, the last the output layer (a copy of the embedding when tied), the middle
+        stages neither."""
+        p = L.pp
+        stages = self.stage_layers(L)
+        both = 1.0 if self.model.tied_embeddings else 2.0
+        ends = np.where(p > 1, 1.0, both)
+        return {
+            "first": self._parameters_on(L, stages["first"], ends),
+            "middle": self._parameters_on(L, stages["middle"], 0.0),
+            "last": self._parameters_on(L, stages["last"], ends),
+        }
+
+    def stage_parameters(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Parameters held by one device of the heaviest stage (by parameter count), before ZeRO sharding:
+        ``dense`` (replicated across data parallel) and ``expert`` (sharded by EP), as float arrays."""
+        by_stage = self.parameters_by_stage(L)
+        out = by_stage["first"]
+        for kind in ("last", "middle"):
+            other = by_stage[kind]
+            more = other["dense"] + other["expert"] > out["dense"] + out["expert"]
+            out = {k: np.where(more, other[k], out[k]) for k in out}
+        return out
 
     def layer_activation_bytes(self, L: Layouts) -> dict[str, np.ndarray]:
         """Korthikanti et al. 2022 activation bytes of one layer and one micro-batch on one device, split
@@ -374,25 +460,20 @@ class CostModel:
             out["moe_split"] = out["dense_split"]
         return out
 
-    def memory(self, L: Layouts) -> dict[str, np.ndarray]:
-        """Bytes per device on the heaviest stage: params, grads, optimizer, activations, total."""
+    def memory(self, L: Layouts, parts: bool = True) -> dict[str, np.ndarray]:
+        """Bytes per device on the heaviest stage: params, grads, optimizer, activations, total (``parts``
+        False: the total only, what the search's memory filter needs).
+
+        The first, the heaviest middle and the last stage (:meth:`stage_layers`) are each charged their
+        own layers, vocabulary matrices and micro-batches in flight; the figures are those of the one with
+        the largest total."""
         m = self.model
         t = L.tp.astype(np.float64)
         p = L.pp.astype(np.float64)
         v = L.vpp.astype(np.float64)
         dpcp = (L.dp * L.cp).astype(np.float64)
-        params = self.stage_parameters(L)
-        dense, expert = params["dense"], params["expert"]
         edp = dpcp / L.ep  # expert-data-parallel size
         z = L.zero
-        # ZeRO (Rajbhandari et al. 2020 §5): stage 1 shards optimizer states, 2 also gradients, 3 also params
-        w = (
-            np.where(z >= 3, dense / dpcp, dense) + np.where(z >= 3, expert / edp, expert)
-        ) * self.weight_bytes
-        g = (np.where(z >= 2, dense / dpcp, dense) + np.where(z >= 2, expert / edp, expert)) * self.grad_bytes
-        o = (
-            np.where(z >= 1, dense / dpcp, dense) + np.where(z >= 1, expert / edp, expert)
-        ) * self.optimizer_bytes
 
         act = self.layer_activation_bytes(L)
         sp = L.sp.astype(bool)
@@ -407,31 +488,71 @@ class CostModel:
         checkpoint = np.where(sp, 2.0 * T * m.hidden_size / t, 2.0 * T * m.hidden_size) * (self.act_bytes / 2)
         per_dense = np.where(L.rc == 2, checkpoint, per_dense)
         per_moe = np.where(L.rc == 2, checkpoint, per_moe)
-        stage_layers = (self.n_dense * per_dense + self.n_moe * per_moe) / p
+        # one micro-batch through the average layer (a stage's MoE layers are its share of the model's)
+        per_layer = (self.n_dense * per_dense + self.n_moe * per_moe) / m.num_layers
         micro = self.micro_batches(L)
-        in_flight = np.minimum(p, micro)
-        # Korthikanti et al. 2022 eq. 5: the first stage holds p micro-batches of L/p layers; interleaving
-        # multiplies by (1 + (p-1)/(p v))
+        # Korthikanti et al. 2022 eq. 5: the first stage holds p micro-batches of its layers (stage i of
+        # 1F1B: p - i); interleaving multiplies by (1 + (p-1)/(p v))
         interleave = np.where(v > 1, 1.0 + (p - 1) / (p * v), 1.0)
-        first = stage_layers * in_flight * interleave
+        in_flight = {
+            "first": np.minimum(p, micro) * interleave,
+            "middle": np.minimum(p - 1, micro) * interleave,
+            # last stage: one micro-batch in flight
+            "last": 1.0,
+        }
         # recomputing a layer in backward materialises its full activations once (Korthikanti §5)
         working = np.where(L.rc == 2, np.maximum(full_dense, np.where(self.n_moe > 0, full_moe, 0.0)), 0.0)
         working = working + np.where(L.rc == 1, act["core"] / t, 0.0)
-        # last stage: one micro-batch in flight, plus fp32 logits and their gradient for the loss
-        # (Korthikanti et al. 2022 §4.3: 4sbv/t for the output layer and cross entropy)
+        # the last stage's fp32 logits and their gradient for the loss (Korthikanti et al. 2022 §4.3: 4sbv/t
+        # for the output layer and cross entropy)
         logits = 4.0 * T * m.vocab_size / t * 2
-        last = stage_layers * 1.0 + logits
-        activations = np.maximum(first, last) + working
-        # ZeRO-3 materialises the gathered parameters of the layer being computed and of the prefetched
-        # next one (PyTorch FSDP: limit_all_gathers keeps two in flight)
-        # (the local shard of those layers is already counted, and never more than the whole stage)
-        layer_params = (dense + expert) / np.maximum(m.num_layers / p, 1.0)
-        gathered = np.minimum(2.0 * layer_params, dense + expert) * (1.0 - 1.0 / dpcp)
-        gathered = np.where(z >= 3, gathered * self.weight_bytes, 0.0)
-        w = w + gathered
         framework = self.eff.framework_overhead_GiB * GiB
-        total = w + g + o + activations + framework
-        return {"params": w, "grads": g, "optimizer": o, "activations": activations, "total": total}
+        stages = self.stage_layers(L)
+        by_stage = self.parameters_by_stage(L)
+
+        def on_stage(kind: str) -> dict[str, np.ndarray]:
+            dense, expert = by_stage[kind]["dense"], by_stage[kind]["expert"]
+            # ZeRO (Rajbhandari et al. 2020 §5): stage 1 shards optimizer states, 2 also gradients, 3 also
+            # params
+            w = (
+                np.where(z >= 3, dense / dpcp, dense) + np.where(z >= 3, expert / edp, expert)
+            ) * self.weight_bytes
+            g = (
+                np.where(z >= 2, dense / dpcp, dense) + np.where(z >= 2, expert / edp, expert)
+            ) * self.grad_bytes
+            o = (
+                np.where(z >= 1, dense / dpcp, dense) + np.where(z >= 1, expert / edp, expert)
+            ) * self.optimizer_bytes
+            activations = per_layer * stages[kind] * in_flight[kind] + working
+            if kind == "last":
+                activations = activations + logits
+            # ZeRO-3 materialises the gathered parameters of the layer being computed and of the prefetched
+            # next one (PyTorch FSDP: limit_all_gathers keeps two in flight)
+            # (the local shard of those layers is already counted, and never more than the whole stage)
+            layer_params = (dense + expert) / np.maximum(stages[kind], 1.0)
+            gathered = np.minimum(2.0 * layer_params, dense + expert) * (1.0 - 1.0 / dpcp)
+            w = w + np.where(z >= 3, gathered * self.weight_bytes, 0.0)
+            # the model state is an array over the base rows and ZeRO stages, the activations over the base
+            # rows, recompute modes and SP: one full-grid sum per stage
+            total = (w + g + o + framework) + activations
+            return {"params": w, "grads": g, "optimizer": o, "activations": activations, "total": total}
+
+        kinds = ["first", "last"]
+        # a middle stage with no more layers than the first holds no more of anything (no vocabulary matrix,
+        # fewer micro-batches in flight): cost it only where some layout's middle stages are heavier
+        if np.any(stages["middle"] > stages["first"]):
+            kinds.append("middle")
+        per_stage = [on_stage(kind) for kind in kinds]
+        if not parts:
+            total = per_stage[0]["total"]
+            for other in per_stage[1:]:
+                total = np.maximum(total, other["total"])
+            return {"total": total}
+        out = per_stage[0]
+        for other in per_stage[1:]:
+            more = other["total"] > out["total"]
+            out = {k: np.where(more, other[k], out[k]) for k in out}
+        return out
 
     # ---------------------------------------------------------------- FLOPs
     def forward_flops_per_sequence(self) -> dict[str, float]:
@@ -513,12 +634,27 @@ class CostModel:
         # one micro-batch through one layer: its compute plus the communication on its critical path
         dense_layer = compute["dense_layer"] + tp["time"] + cp["exposed"]
         moe_layer = compute["moe_layer"] + tp["time"] + cp["exposed"] + ep["time"]
-        stage_micro = (self.n_dense * dense_layer + self.n_moe * moe_layer) / p + compute["edge"]
-        compute_micro = (
-            stage_micro
-            - ((self.n_dense + self.n_moe) / p) * (tp["time"] + cp["exposed"])
-            - (self.n_moe / p) * ep["time"]
+        # ... through a stage: its share of the layers, the embedding on the first, the LM head and loss on
+        # the last (both on a single stage); the pipeline runs at the pace of the slowest stage, in the
+        # steady state and in the bubble (Narayanan et al. SC'21 §2.2 with the maximum stage time)
+        n = self.model.num_layers
+        all_layers = self.n_dense * dense_layer + self.n_moe * moe_layer
+        stages = self.stage_layers(L)
+        single = p == 1
+        edge_first = np.where(single, compute["embedding"] + compute["logits"], compute["embedding"])
+        edge_last = np.where(single, compute["embedding"] + compute["logits"], compute["logits"])
+        first = all_layers * (stages["first"] / n) + edge_first
+        last = all_layers * (stages["last"] / n) + edge_last
+        middle = all_layers * (stages["middle"] / n)
+        stage_micro = np.maximum(np.maximum(first, last), middle)
+        # layers of the slowest stage: the communication below is theirs
+        layers_here = np.where(
+            stage_micro == first,
+            stages["first"],
+            np.where(stage_micro == last, stages["last"], stages["middle"]),
         )
+        moe_here = layers_here * (self.n_moe / n)
+        compute_micro = stage_micro - layers_here * (tp["time"] + cp["exposed"]) - moe_here * ep["time"]
         ideal = micro * stage_micro
         pp = self.pp_comm(L, links["pp"], micro, ideal)
         params = self.stage_parameters(L)
@@ -526,15 +662,14 @@ class CostModel:
         opt_time = self.optimizer_time(L, params)
 
         step = ideal + pp["bubble"] + pp["time"] + dp["exposed"] + opt_time
-        layers_here = (self.n_dense + self.n_moe) / p
         tp_total = micro * layers_here * tp["time"]
         cp_total = micro * layers_here * cp["time"]
         cp_exposed = micro * layers_here * cp["exposed"]
-        ep_total = micro * (self.n_moe / p) * ep["time"]
+        ep_total = micro * moe_here * ep["time"]
         exposed = tp_total + cp_exposed + ep_total + pp["time"] + dp["exposed"]
         volume = (
             micro * layers_here * (tp["volume"] + cp["volume"])
-            + micro * (self.n_moe / p) * ep["volume"]
+            + micro * moe_here * ep["volume"]
             + pp["volume"]
             + dp["volume"]
         )
@@ -581,7 +716,8 @@ class CostModel:
     def compute_times(self, L: Layouts, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Seconds of one micro-batch on one device, communication left out: ``dense_layer`` and
         ``moe_layer`` (GEMMs ``g`` from :meth:`_layer_gemm_times` and memory-bound kernels, over forward,
-        backward and recompute) and ``edge`` (embedding, logits and loss of the first/last stage)."""
+        backward and recompute), ``embedding`` (first stage), ``logits`` (logits and loss, last stage) and
+        ``edge`` (the larger of the two when pp > 1, their sum when pp == 1)."""
         m, eff = self.model, self.eff
         h = m.hidden_size
         t = L.tp.astype(np.float64)
@@ -615,7 +751,13 @@ class CostModel:
         logits = 3.0 * g["logits"] + 3 * 4.0 * T * m.vocab_size / t / self.mem_bw
         embedding = 2 * T * h * self.act_bytes / t / self.mem_bw
         edge = np.where(p > 1, np.maximum(logits, embedding), logits + embedding)
-        return {"dense_layer": dense_layer, "moe_layer": moe_layer, "edge": edge}
+        return {
+            "dense_layer": dense_layer,
+            "moe_layer": moe_layer,
+            "edge": edge,
+            "embedding": embedding,
+            "logits": logits,
+        }
 
     def tp_comm(self, L: Layouts, links: GroupLinks) -> dict[str, np.ndarray]:
         """Tensor-parallel collectives of one layer and one micro-batch: ``time`` (on the critical path) and

@@ -178,6 +178,7 @@ def scale_down(
         vpp=vpp,
         micro_batch_size=1,
         sequence_parallel=bool(s.sequence_parallel and d["tp"] > 1),
+        layers_per_stage=None,  # the scaled model has its own layers: the even split of its stages
     )
     kept = [k for k in KEEP_ORDER if getattr(s, k) > 1 and d[k] > 1]
     dropped = [k for k in KEEP_ORDER if getattr(s, k) > 1 and d[k] == 1]
@@ -225,6 +226,15 @@ def _changes(
         out.append(Change("strategy.micro_batch_size", s.micro_batch_size, 1, "one sequence per micro-batch"))
     if bool(s.sequence_parallel) != bool(scaled.sequence_parallel):
         out.append(Change("strategy.sequence_parallel", s.sequence_parallel, False, "needs tp > 1"))
+    if s.layers_per_stage is not None:
+        out.append(
+            Change(
+                "strategy.layers_per_stage",
+                ", ".join(map(str, s.layers_per_stage)),
+                "even",
+                "the scaled model has one layer per pipeline chunk",
+            )
+        )
     reasons = {
         "num_layers": "one layer per pipeline chunk: the schedule keeps its shape",
         "hidden_size": "small enough for a step in well under a second on a CPU rank",

@@ -20,7 +20,16 @@ from .costmodel import RECOMPUTE_CODES, CostModel, GiB, Layouts
 from .energy import device_power_profile, plan_energy
 from .hardware import Efficiency, efficiency_for, profile_origin
 from .plan import NothingFits, Plan, SearchResult
-from .specs import ClusterSpec, ModelSpec, SpecError, Strategy, TrainingConfig
+from .specs import (
+    ClusterSpec,
+    ModelSpec,
+    SpecError,
+    Strategy,
+    TrainingConfig,
+    balanced_stage_split,
+    stage_split_problem,
+    stage_split_summary,
+)
 
 CANDIDATES_CAP = 3000
 PARETO_CAP = 200
@@ -29,10 +38,11 @@ CHUNK_ROWS = 400_000
 # rejection reasons (keys of stats["rejected"])
 R_TP = "tp does not divide attention/kv heads (or ffn sizes)"
 R_CP = "cp does not divide seq_length"
-R_PP = "pp does not divide num_layers"
+R_PP = "pp exceeds num_layers"
 R_DP = "dp does not divide global_batch_size"
 R_EP = "ep does not divide num_experts and dp*cp"
 R_VPP = "vpp does not divide layers per stage (or pp == 1)"
+R_VPP_UNEVEN = "vpp > 1 with uneven pipeline stages (not supported)"
 R_INTERLEAVE = "interleaved schedule needs micro-batches divisible by pp"
 R_MBS = "micro_batch_size does not divide the batch per replica"
 R_MEM = "exceeds device memory"
@@ -71,8 +81,11 @@ def cp_rule(model: ModelSpec, cp: int) -> str | None:
 
 
 def pp_rule(model: ModelSpec, pp: int) -> str | None:
-    if model.num_layers % pp:
-        return f"pp={pp} must divide num_layers ({model.num_layers})"
+    # pp need not divide the layers (uneven stages, strategy.layers_per_stage), but every stage needs one
+    if pp > model.num_layers:
+        return (
+            f"pp={pp} exceeds num_layers ({model.num_layers}): every pipeline stage needs at least one layer"
+        )
     return None
 
 
@@ -84,11 +97,45 @@ def ep_rule(model: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
     return None
 
 
-def vpp_rule(model: ModelSpec, pp: int, vpp: int) -> str | None:
-    per_stage = model.num_layers // pp
+def vpp_rule(model: ModelSpec, pp: int, vpp: int, split: tuple[int, ...] | None = None) -> str | None:
+    """``split``: the layers per stage (default: :func:`balanced_stage_split`). Interleaving needs them
+    equal: Megatron-LM's and torch's interleaved 1F1B cut every stage into ``vpp`` equal chunks."""
+    split = split or balanced_stage_split(model.num_layers, pp)
+    if vpp > 1 and len(set(split)) > 1:
+        return (
+            f"vpp={vpp} needs equal layers per stage; these stages are uneven ({stage_split_text(split)}): "
+            "interleaved 1F1B with uneven stages is not supported (use vpp = 1)"
+        )
+    per_stage = split[0]
     if per_stage % vpp or (vpp > 1 and pp == 1):
         return f"vpp={vpp} must divide the layers per stage ({per_stage}) and needs pp > 1"
     return None
+
+
+def stage_split_text(split) -> str:
+    """``7, 8 x 14, 7``: a stage split with runs of equal counts folded."""
+    runs: list[list[int]] = []
+    for n in split:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ", ".join(f"{n} x {k}" if k > 2 else ", ".join([str(n)] * k) for n, k in runs)
+
+
+def stage_split(model: ModelSpec, pp: int, pinned: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Layers per stage of a layout with ``pp`` stages: the ``pinned`` ``strategy.layers_per_stage`` or the
+    balanced split (:func:`balanced_stage_split`)."""
+    return tuple(pinned) if pinned is not None else balanced_stage_split(model.num_layers, pp)
+
+
+def stage_split_errors(model: ModelSpec, s: Strategy) -> dict[str, list[str]]:
+    """What is wrong with ``s.layers_per_stage`` for this model (its length is checked by the parser when
+    ``pp`` is given; here against ``pp`` and the model's ``num_layers``)."""
+    if s.layers_per_stage is None:
+        return {}
+    problem = stage_split_problem(s.layers_per_stage, s.pp or len(s.layers_per_stage), model.num_layers)
+    return {"strategy.layers_per_stage": [problem]} if problem else {}
 
 
 def layout_errors(
@@ -108,8 +155,9 @@ def layout_errors(
     add("cp", cp_rule(model, s.cp))
     add("pp", pp_rule(model, s.pp))
     add("ep", ep_rule(model, s.ep, s.dp, s.cp))
-    if not errors.get("strategy.pp"):
-        add("vpp", vpp_rule(model, s.pp, s.vpp))
+    errors.update(stage_split_errors(model, s))
+    if not errors.get("strategy.pp") and not errors.get("strategy.layers_per_stage"):
+        add("vpp", vpp_rule(model, s.pp, s.vpp, s.layers_per_stage))
     gbs = training.global_batch_size
     if gbs % (s.dp * s.micro_batch_size):
         add(
@@ -137,14 +185,22 @@ def enumerate_layouts(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, fixed: Strategy
 ) -> tuple[np.ndarray, tuple[list, list, list], Counter]:
     """All layouts obeying the divisibility rules and the fixed fields, factored as ``base`` rows
-    (tp, cp, pp, dp, ep, vpp, mbs) times ``extras`` = (recompute codes, ZeRO stages, sp flags) for
-    :meth:`Layouts.grid`; rejections are counted
-    by reason at the level where the rule fires (one count per rejected partial layout)."""
+    (tp, cp, pp, dp, ep, vpp, mbs, and with a pinned split the first, heaviest middle and last stage's
+    layers) times ``extras`` = (recompute codes, ZeRO stages, sp flags) for :meth:`Layouts.grid`;
+    rejections are counted by reason at the level where the rule fires (one count per rejected partial
+    layout).
+
+    Each pp gets one stage split: ``fixed.layers_per_stage`` (which pins pp to its length) or the balanced
+    split (:func:`balanced_stage_split`: even when pp divides the layers)."""
     n = cluster.num_devices
     gbs = training.global_batch_size
-    L = model.num_layers
+    pinned = fixed.layers_per_stage
+    fixed_pp = fixed.pp if pinned is None else len(pinned)
     rejected: Counter = Counter()
     blocks: list[np.ndarray] = []
+    # a pinned split travels with the rows; the balanced one the cost model works out from pp itself
+    # (CostModel.stage_layers), which keeps the common case's grid as small as it was
+    columns = 7 if pinned is None else 10
     for tp in _options(fixed.tp, divisors(n)):
         if tp_rule(model, tp):
             rejected[R_TP] += 1
@@ -153,7 +209,7 @@ def enumerate_layouts(
             if cp_rule(model, cp):
                 rejected[R_CP] += 1
                 continue
-            for pp in _options(fixed.pp, divisors(n // (tp * cp))):
+            for pp in _options(fixed_pp, divisors(n // (tp * cp))):
                 if pp_rule(model, pp):
                     rejected[R_PP] += 1
                     continue
@@ -176,15 +232,21 @@ def enumerate_layouts(
                             eps.append(ep)
                     if fixed.ep is not None and model.moe.num_experts % fixed.ep:
                         rejected[R_EP] += 1
-                per_stage = L // pp
+                split = stage_split(model, pp, pinned)
                 vpps = []
-                for v in _options(fixed.vpp, divisors(per_stage)):
-                    if v > 1 and pp == 1:
+                if len(set(split)) > 1:  # uneven stages: plain 1F1B only
+                    vpps = _options(fixed.vpp, [1])
+                    if fixed.vpp not in (None, 1):
+                        rejected[R_VPP_UNEVEN] += 1
+                else:
+                    per_stage = split[0]
+                    for v in _options(fixed.vpp, divisors(per_stage)):
+                        if v > 1 and pp == 1:
+                            rejected[R_VPP] += 1
+                        else:
+                            vpps.append(v)
+                    if fixed.vpp is not None and per_stage % fixed.vpp:
                         rejected[R_VPP] += 1
-                    else:
-                        vpps.append(v)
-                if fixed.vpp is not None and per_stage % fixed.vpp:
-                    rejected[R_VPP] += 1
                 per_replica = gbs // dp
                 mbss = _options(fixed.micro_batch_size, divisors(per_replica))
                 if fixed.micro_batch_size is not None and per_replica % fixed.micro_batch_size:
@@ -201,11 +263,13 @@ def enumerate_layouts(
                 rejected[R_INTERLEAVE] += int(bad.sum())
                 keep = ~bad
                 k = int(keep.sum())
-                block = np.empty((k, 7), dtype=np.int64)
+                block = np.empty((k, columns), dtype=np.int64)
                 block[:, 0], block[:, 1], block[:, 2], block[:, 3] = tp, cp, pp, dp
                 block[:, 4], block[:, 5], block[:, 6] = e[keep], v[keep], b[keep]
+                if pinned is not None:
+                    block[:, 7], block[:, 8], block[:, 9] = stage_split_summary(split)
                 blocks.append(block)
-    base = np.concatenate(blocks) if blocks else np.zeros((0, 7), dtype=np.int64)
+    base = np.concatenate(blocks) if blocks else np.zeros((0, columns), dtype=np.int64)
     extras = (
         [RECOMPUTE_CODES[fixed.recompute]] if fixed.recompute else [0, 1, 2],
         [fixed.zero_stage] if fixed.zero_stage is not None else [0, 1, 2, 3],
@@ -296,11 +360,23 @@ def evaluate(
         raise SpecError(errors)
     cm = _cost_model(model, cluster, training, strategy.order, efficiency)
     base = baseline_tokens_per_device(model, cluster, training, cm.eff) if scaling else None
-    return _plans(cm, Layouts.from_strategies([strategy]), base, strategy.order)[0]
+    layouts = Layouts.from_strategies([strategy], model.num_layers)
+    return _plans(cm, layouts, base, strategy.order, strategy.layers_per_stage)[0]
 
 
-def _plans(cm: CostModel, flat: Layouts, baseline: float | None, order: str) -> list[Plan]:
-    """Full plans for a (short) flat list of layouts."""
+def _with_stage_split(model: ModelSpec, s: Strategy, pinned: tuple[int, ...] | None) -> Strategy:
+    """``s`` with its stage split written out when it is pinned or uneven (an even split stays implicit,
+    so plans of layouts pp divides keep the contract's fields)."""
+    split = stage_split(model, s.pp, pinned)
+    if pinned is None and len(set(split)) == 1:
+        return s
+    return dataclasses.replace(s, layers_per_stage=split)
+
+
+def _plans(
+    cm: CostModel, flat: Layouts, baseline: float | None, order: str, pinned: tuple[int, ...] | None = None
+) -> list[Plan]:
+    """Full plans for a (short) flat list of layouts (``pinned``: the search's fixed layers_per_stage)."""
     mem = cm.memory(flat)
     tm = cm.timing(flat)
     th = cm.throughput(flat, tm)
@@ -319,7 +395,8 @@ def _plans(cm: CostModel, flat: Layouts, baseline: float | None, order: str) -> 
         predicted = _predicted(cm, i, mem, tm, th, baseline)
         # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
         predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
-        out.append(Plan(flat.strategy(i, order), fits, reason, predicted))
+        strategy = _with_stage_split(cm.model, flat.strategy(i, order), pinned)
+        out.append(Plan(strategy, fits, reason, predicted))
     return out
 
 
@@ -398,7 +475,7 @@ class _Scan:
         self.best_plan: dict | None = None
 
     def joined(self) -> tuple[Layouts, dict[str, np.ndarray]]:
-        names = ("tp", "pp", "dp", "ep", "cp", "vpp", "mbs", "rc", "zero", "sp")
+        names = [name for name, _a in self.parts[0][0].arrays()]
         flat = Layouts(**{n: np.concatenate([getattr(p[0], n) for p in self.parts]) for n in names})
         vals = {k: np.concatenate([p[1][k] for p in self.parts]) for k in self.parts[0][1]}
         return flat, vals
@@ -426,7 +503,7 @@ def _scan(
         chunk = base[start : start + rows_per_chunk]
         grid = Layouts.grid(chunk, *extras)
         valid = _valid_mask(grid, fixed)
-        total = np.broadcast_to(cm.memory(grid)["total"], grid.shape)
+        total = np.broadcast_to(cm.memory(grid, parts=False)["total"], grid.shape)
         ok = valid & (total <= cm.memory_bytes)
         bad = valid & ~ok
         scan.evaluated += int(valid.sum())
@@ -451,7 +528,9 @@ def _scan(
             i = int(np.argmin(vals["step"]))
             if vals["step"][i] < scan.best_step and progress is not None:
                 scan.best_step = float(vals["step"][i])
-                scan.best_plan = _plans(cm, flat.take([i]), None, fixed.order)[0].to_dict()
+                scan.best_plan = _plans(cm, flat.take([i]), None, fixed.order, fixed.layers_per_stage)[
+                    0
+                ].to_dict()
         if progress is not None:
             progress(
                 scan.evaluated, scan.feasible, scan.best_plan, min(1.0, (start + len(chunk)) / len(base))
@@ -539,7 +618,10 @@ def _dp_degrees_allowed(model: ModelSpec, cluster: ClusterSpec, fixed: Strategy)
         for cp in _options(fixed.cp, divisors(n // tp)):
             if cp_rule(model, cp):
                 continue
-            for pp in _options(fixed.pp, divisors(n // (tp * cp))):
+            for pp in _options(
+                fixed.pp if fixed.layers_per_stage is None else len(fixed.layers_per_stage),
+                divisors(n // (tp * cp)),
+            ):
                 dp = n // (tp * cp * pp)
                 if not pp_rule(model, pp) and fixed.dp in (None, dp):
                     out.add(dp)
@@ -614,6 +696,8 @@ def search(
         errors = layout_errors(model, cluster, training, fixed)
         if errors:
             raise SpecError(errors)
+    elif errors := stage_split_errors(model, fixed):
+        raise SpecError(errors)
     cm = _cost_model(model, cluster, training, fixed.order, efficiency)
     base, extras, rejected = enumerate_layouts(model, cluster, training, fixed)
     scan = _scan(cm, base, extras, fixed, progress, should_stop)
@@ -651,7 +735,13 @@ def search(
         baseline = baseline_tokens_per_device(model, cluster, training, cm.eff, known_best=free_best)
 
     wanted = np.unique(np.concatenate([top_idx, pareto_idx[:PARETO_CAP]]))
-    plans = dict(zip(wanted.tolist(), _plans(cm, flat.take(wanted), baseline, fixed.order), strict=True))
+    plans = dict(
+        zip(
+            wanted.tolist(),
+            _plans(cm, flat.take(wanted), baseline, fixed.order, fixed.layers_per_stage),
+            strict=True,
+        )
+    )
     top = [plans[int(i)] for i in top_idx]
     pareto = [plans[int(i)] for i in pareto_idx[:PARETO_CAP]]
     stats["pareto_size"] = int(len(pareto_idx))
@@ -663,11 +753,15 @@ def search(
         top=top,
         pareto=pareto,
         stats=stats,
-        candidates_fn=lambda: _candidates(flat, tokens, vals, np.argsort(rank_key), pareto_idx, fixed.order),
+        candidates_fn=lambda: _candidates(
+            flat, tokens, vals, np.argsort(rank_key), pareto_idx, fixed.order, model, fixed.layers_per_stage
+        ),
     )
 
 
-def _candidates(flat: Layouts, tokens, vals, order, pareto_idx, placement: str) -> list[dict[str, Any]]:
+def _candidates(
+    flat: Layouts, tokens, vals, order, pareto_idx, placement: str, model: ModelSpec, pinned=None
+) -> list[dict[str, Any]]:
     """Compact feasible candidates for a scatter plot: the Pareto points, the fastest, and an even
     subsample of the rest (by rank), up to ``CANDIDATES_CAP``."""
     chosen = set(pareto_idx[: CANDIDATES_CAP // 3].tolist())
@@ -680,7 +774,7 @@ def _candidates(flat: Layouts, tokens, vals, order, pareto_idx, placement: str) 
     share = vals["exposed"][idx] / vals["step"][idx]
     return [
         {
-            "strategy": sub.strategy(j, placement).to_dict(),
+            "strategy": _with_stage_split(model, sub.strategy(j, placement), pinned).to_dict(),
             "tokens_per_s": round(float(tokens[i]), 1),
             "memory_GiB": round(float(vals["memory"][i] / GiB), 2),
             "comm_share": round(float(share[j]), 4),

@@ -647,6 +647,38 @@ leaves out the fields at it."""
 RECOMPUTE_SHORT = {"selective": "sel", "full": "full"}
 
 
+def balanced_stage_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers on each of ``pp`` pipeline stages when a strategy does not list them (``layers_per_stage``
+    absent): the even split when ``pp`` divides ``num_layers``; otherwise every stage gets
+    ``num_layers // pp`` and the remainder goes one layer each to the middle stages, first to last, then
+    (only when the remainder is ``pp - 1``) to the first stage.
+
+    Why the middle: at equal layer counts the end stages are the heavy ones -- the first holds the
+    embedding and, under 1F1B, ``pp`` micro-batches of activations; the last the LM head, fp32 logits and
+    the loss -- so the split that is as even as possible and keeps the ends one layer lighter is the
+    balanced one. It is Llama 3 405B's published layout (126 layers on pp = 16: 7, 8 x 14, 7; Dubey et al.
+    2024 §3.3.2: one layer fewer on the first and on the last stage, to balance the embedding and the
+    output layer and loss) and what Megatron-LM's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers`` express.
+    When one layer is left after the middle stages, the first stage takes it: its embedding is a lookup,
+    the last stage's LM head a GEMM the size of a fraction of a layer. O(pp), no search."""
+    if not 1 <= pp <= num_layers:
+        raise ValueError(f"pp={pp} must be between 1 and num_layers ({num_layers})")
+    base, extra = divmod(num_layers, pp)
+    split = [base] * pp
+    for stage in [*range(1, pp - 1), 0][:extra]:
+        split[stage] += 1
+    return tuple(split)
+
+
+def stage_split_summary(split) -> tuple[int, int, int]:
+    """``(first, middle, last)`` of a stage split: layers on the first stage, the most layers on a stage
+    between the first and the last (0 when ``pp <= 2``), and layers on the last stage (the same stage as
+    the first when ``pp == 1``). What the cost model needs of a split (see ``CostModel.stage_layers``)."""
+    split = tuple(split)
+    return split[0], max(split[1:-1], default=0), split[-1]
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One point of the search space (``strategy.json``). Any field may be None: "search it".
@@ -676,6 +708,12 @@ class Strategy:
     3 + parameters (FSDP)."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism for the non-tensor-parallel regions (needs tp > 1 to matter)."""
+    layers_per_stage: tuple[int, ...] | None = None
+    """Transformer layers on each pipeline stage, first to last: ``pp`` integers >= 1 summing to
+    ``num_layers`` (the first stage also holds the embedding, the last the LM head and loss). Optional:
+    absent (null) is :func:`balanced_stage_split` -- the even split when ``pp`` divides ``num_layers``, else
+    the most even one with the end stages a layer lighter (Llama 3 405B: 7, 8 x 14, 7). Uneven stages need
+    ``vpp = 1``. Plans write it out whenever their split is uneven."""
     order: str = "tp-cp-ep-dp-pp"
     """Rank placement, innermost (fastest-varying, closest on the topology) first."""
 
@@ -699,6 +737,7 @@ class Strategy:
         elif sp is None and not partial:
             c.fail("sequence_parallel", "is required")
         spec["sequence_parallel"] = sp
+        spec["layers_per_stage"] = _layers_per_stage(c, spec["pp"], spec["vpp"])
         order = c.get("order") or "tp-cp-ep-dp-pp"
         parts = order.split("-") if isinstance(order, str) else []
         if sorted(parts) != sorted(["tp", "cp", "ep", "dp", "pp"]):
@@ -710,6 +749,8 @@ class Strategy:
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in STRATEGY_FIELDS}
+        if self.layers_per_stage is not None:
+            d["layers_per_stage"] = list(self.layers_per_stage)
         if self.order != "tp-cp-ep-dp-pp":
             d["order"] = self.order
         return d
@@ -717,6 +758,19 @@ class Strategy:
     def fixed_fields(self) -> dict[str, Any]:
         """The fields this (partial) strategy pins, without the ones left to the search."""
         return {k: v for k, v in self.to_dict().items() if v is not None}
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Layers on each pipeline stage: :attr:`layers_per_stage`, or :func:`balanced_stage_split` when it is
+        absent (``pp`` left open counts as 1). Raises :class:`SpecError` (``layers_per_stage``) when the listed
+        split does not fit ``pp`` stages of ``num_layers`` layers, and (``pp``) when ``pp`` exceeds the layers."""
+        pp = self.pp or 1
+        if self.layers_per_stage is None:
+            if pp > num_layers:
+                raise SpecError("pp", f"pp={pp} exceeds num_layers ({num_layers}): a stage needs a layer")
+            return balanced_stage_split(num_layers, pp)
+        if problem := stage_split_problem(self.layers_per_stage, pp, num_layers):
+            raise SpecError("layers_per_stage", problem)
+        return tuple(self.layers_per_stage)
 
     @property
     def is_complete(self) -> bool:
@@ -752,6 +806,56 @@ class Strategy:
         if s.sequence_parallel and s.tp > 1:
             parts.append("sp")
         return "-".join(parts)
+
+
+def stage_split_problem(split, pp: int, num_layers: int | None = None) -> str:
+    """Why ``split`` cannot be ``layers_per_stage`` of ``pp`` stages (of ``num_layers`` layers, when given);
+    "" when it can."""
+    if len(split) != pp:
+        return f"must list one layer count per pipeline stage (pp={pp}), got {len(split)}"
+    if num_layers is not None and sum(split) != num_layers:
+        return f"must sum to num_layers ({num_layers}), got {sum(split)} ({', '.join(map(str, split))})"
+    return ""
+
+
+def _layers_per_stage(c: _Checker, pp: int | None, vpp: int | None) -> tuple[int, ...] | None:
+    """``strategy.layers_per_stage``: null, or a list of integers >= 1, one per stage (``pp`` of them when
+    ``pp`` is given); uneven only with ``vpp = 1``. The sum is checked against the model where the model is
+    known (``workers.planner.search.layout_errors``)."""
+    name = "layers_per_stage"
+    value = c.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        c.fail(name, f"must be a non-empty list of layer counts, one per pipeline stage, got {value!r}")
+        return None
+    if len(value) > MAXIMA["pp"]:
+        c.fail(name, f"must have at most {MAXIMA['pp']:,.0f} stages, got {len(value):,}")
+        return None
+    bad = [
+        f"stage {i}: {v!r}"
+        for i, v in enumerate(value)
+        if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v or v < 1
+    ]
+    if bad:
+        shown = ", ".join(bad[:4]) + (", …" if len(bad) > 4 else "")
+        c.fail(name, f"entries must be integers >= 1 (every stage holds a layer), got {shown}")
+        return None
+    split = tuple(int(v) for v in value)
+    if any(v > MAXIMA["num_layers"] for v in split):
+        c.fail(name, f"entries must be <= {MAXIMA['num_layers']:,.0f} (more than any model has)")
+        return None
+    if pp is not None and (problem := stage_split_problem(split, pp)):
+        c.fail(name, problem)
+        return None
+    if vpp is not None and vpp > 1 and len(set(split)) > 1:
+        c.fail(
+            name,
+            f"uneven stages ({', '.join(map(str, split))}) need vpp = 1, got vpp={vpp}: interleaved 1F1B "
+            "with uneven stages is not supported",
+        )
+        return None
+    return split
 
 
 def strategy_short_name(doc: dict[str, Any] | None) -> str:
@@ -895,7 +999,10 @@ __all__ = [
     "Strategy",
     "TierSpec",
     "TrainingConfig",
+    "balanced_stage_split",
     "document_schema",
     "load_inputs",
+    "stage_split_problem",
+    "stage_split_summary",
     "strategy_short_name",
 ]

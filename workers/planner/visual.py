@@ -18,7 +18,7 @@ import numpy as np
 
 from .costmodel import Layouts, gradient_group_stride, group_links, group_strides
 from .hardware import efficiency_for
-from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
+from .specs import ClusterSpec, ModelSpec, SpecError, Strategy, TrainingConfig
 
 SCHEDULES = ("1f1b", "interleaved")
 # the page draws at most this many pipeline blocks; beyond it fewer micro-batches are drawn
@@ -502,7 +502,9 @@ def plan_visuals(
 
     ``schedule``: ``blocks`` (of :func:`pipeline_schedule`, for ``drawn_micro_batches`` of the ``m``
     micro-batches, see :func:`drawn_micro_batches` and ``note``), ``kind`` (1f1b / interleaved), ``pp``,
-    ``vpp``, ``m``, ``t_forward``, ``t_backward``, ``layers_per_chunk``, ``bubble_fraction`` = (p−1)/(v·m)
+    ``vpp``, ``m``, ``t_forward``, ``t_backward``, ``layers_per_chunk`` (of the heaviest stage),
+    ``layers_per_stage`` (the plan's split, first stage to last: uneven when the plan lists it; blocks are
+    drawn at the pace of the slowest stage, as the cost model charges them), ``bubble_fraction`` = (p−1)/(v·m)
     (idle / ideal time, for the real m), ``bubble_share_of_step`` (the plan's ``bubble_fraction``: bubble /
     step time), ``drawn_bubble_fraction`` (idle / ideal of the drawn blocks), ``makespan_s`` (ideal +
     bubble, real m), ``pp_p2p_s`` (pipeline sends the cost model adds serially; not drawn).
@@ -524,6 +526,10 @@ def plan_visuals(
     t_forward = stage_micro / passes
     t_backward = stage_micro - t_forward
     schedule_kind = "interleaved" if vpp > 1 else "1f1b"
+    try:
+        layers_per_stage: list[int] | None = list(strategy.stage_layers(model.num_layers))
+    except SpecError:  # a stored plan whose split does not fit this model: draw the schedule without it
+        layers_per_stage = None
     drawn = drawn_micro_batches(pp, vpp, m)
     if schedule_kind == "interleaved" and drawn % pp:
         drawn = m  # the planner never yields this (interleaving needs m % pp == 0); draw what exists
@@ -547,7 +553,10 @@ def plan_visuals(
         "drawn_micro_batches": drawn,
         "t_forward": t_forward,
         "t_backward": t_backward,
-        "layers_per_chunk": model.num_layers // (pp * vpp),
+        "layers_per_chunk": max(layers_per_stage) // vpp
+        if layers_per_stage
+        else model.num_layers // (pp * vpp),
+        "layers_per_stage": layers_per_stage,
         "bubble_fraction": analytic,
         "bubble_share_of_step": _num(pred, "bubble_fraction"),
         "drawn_bubble_fraction": schedule_idle_fraction(blocks, pp) if blocks else 0.0,

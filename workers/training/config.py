@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.planner.search import ep_rule, tp_rule
-from workers.planner.specs import ModelSpec, MoESpec, SpecError, Strategy, TrainingConfig
+from workers.planner.specs import ModelSpec, MoESpec, SpecError, Strategy, TrainingConfig, stage_split_problem
 from workers.training.comm_methods import HOOK_NAMES
 
 # The runtime's names for the planner's model classes (the runtime adds checks, not fields).
@@ -97,8 +97,10 @@ class ParallelConfig(Strategy):
     complete. ``tp*pp*dp*cp`` = world size. How the runtime realises each field:
 
     - ``tp``: DTensor ``ColwiseParallel``/``RowwiseParallel`` on attention and MLP (experts are not split).
-    - ``pp``: ``torch.distributed.pipelining`` stages (1F1B, interleaved 1F1B when ``vpp > 1``); unlike the
-      planner the runtime splits layers unevenly when ``pp*vpp`` does not divide them.
+    - ``pp``: ``torch.distributed.pipelining`` stages (1F1B, interleaved 1F1B when ``vpp > 1``), each of
+      ``layers_per_stage`` consecutive layers (absent: the planner's balanced split, the even one when
+      ``pp`` divides the layers); unlike the planner the runtime also splits layers unevenly over virtual
+      stages when ``pp*vpp`` does not divide them.
     - ``dp``: DDP (``zero_stage`` 0) or FSDP2 ``fully_shard`` (1/2 without resharding after forward, 3 with).
     - ``ep``: experts sharded over ``ep`` of the ``dp*cp`` ranks of a stage, all-to-all dispatch.
     - ``cp``: each sequence split over ``cp`` ranks in ``2*cp`` load-balanced chunks, keys/values
@@ -262,7 +264,8 @@ class JobConfig:
         The planner's own rules where the runtime needs the same (:func:`~workers.planner.search.tp_rule`,
         :func:`~workers.planner.search.ep_rule`, the batch split); the runtime's where it needs more (``2*cp``
         chunks, sequence-parallel shards, at least ``pp`` micro-batches, ``vpp`` needs ``pp > 1``) or can do
-        more (uneven pipeline stages: ``pp*vpp <= num_layers`` instead of the planner's ``pp | num_layers``).
+        more (uneven virtual pipeline stages: ``pp*vpp <= num_layers``, where the planner interleaves even
+        stages only). ``layers_per_stage``, when given, must be ``pp`` counts summing to ``num_layers``.
         """
         s, m = self.strategy, self.model
         errors: dict[str, list[str]] = {}
@@ -294,6 +297,8 @@ class JobConfig:
             fail("strategy.vpp", "virtual pipeline stages need pp > 1")
         if s.pp * s.vpp > m.num_layers:
             fail("strategy.pp", f"pp*vpp ({s.pp * s.vpp}) exceeds num_layers ({m.num_layers})")
+        if s.layers_per_stage is not None:
+            fail("strategy.layers_per_stage", stage_split_problem(s.layers_per_stage, s.pp, m.num_layers))
         if batch_splits and s.pp > 1 and self.num_microbatches < s.pp:
             fail(
                 "strategy.micro_batch_size",

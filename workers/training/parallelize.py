@@ -157,7 +157,7 @@ def parallelize(
     replica_mesh = dims.replica_mesh(mesh)
 
     if dims.pp > 1:
-        stages = pipeline_split(model, coords["pp"], dims.pp, s.vpp)
+        stages = pipeline_split(model, coords["pp"], dims.pp, s.vpp, s.layers_per_stage)
     else:
         stages = [(0, model)]
     model_parts, raw_parts, expert_params, comm_states = [], [], [], []

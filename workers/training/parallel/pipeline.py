@@ -11,27 +11,50 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
+from workers.planner.specs import balanced_stage_split
 from workers.training.model import Transformer
 
 
-def stage_layer_ranges(num_layers: int, num_stages: int) -> list[range]:
-    """Layers per stage, as even as possible (earlier stages take the remainder)."""
-    base, extra = divmod(num_layers, num_stages)
+def stage_layer_ranges(
+    num_layers: int, num_stages: int, layers_per_stage: tuple[int, ...] | list[int] | None = None
+) -> list[range]:
+    """Layers of each stage: ``layers_per_stage`` consecutive layers each when given (``num_stages`` counts
+    summing to ``num_layers``), else as even as possible (earlier stages take the remainder)."""
+    if layers_per_stage is None:
+        base, extra = divmod(num_layers, num_stages)
+        layers_per_stage = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    if len(layers_per_stage) != num_stages or sum(layers_per_stage) != num_layers:
+        raise ValueError(
+            f"layers_per_stage {list(layers_per_stage)} must be {num_stages} counts summing to {num_layers}"
+        )
     out, start = [], 0
-    for s in range(num_stages):
-        n = base + (1 if s < extra else 0)
+    for n in layers_per_stage:
         out.append(range(start, start + n))
         start += n
     return out
 
 
-def pipeline_split(model: Transformer, pp_rank: int, pp: int, vpp: int) -> list[tuple[int, Transformer]]:
+def pipeline_split(
+    model: Transformer,
+    pp_rank: int,
+    pp: int,
+    vpp: int,
+    layers_per_stage: tuple[int, ...] | list[int] | None = None,
+) -> list[tuple[int, Transformer]]:
     """This rank's stages ``(stage_index, module)``: stage ``i`` lives on pp rank ``i % pp`` (the "loop"
     placement torch's ``ScheduleInterleaved1F1B`` expects). Each stage is a copy of the model with the
     layers it does not own deleted, the embedding kept only on stage 0, norm and output only on the last
-    (torchtitan's ``pipeline_module_split``)."""
+    (torchtitan's ``pipeline_module_split``).
+
+    With one stage per rank (``vpp == 1``) the layers split as ``layers_per_stage`` (the strategy's) or,
+    when it is absent, as the planner's :func:`~workers.planner.specs.balanced_stage_split` costs them;
+    virtual stages (``vpp > 1``, even splits only in the planner) as evenly as possible."""
     num_stages = pp * vpp
-    ranges = stage_layer_ranges(model.config.num_layers, num_stages)
+    if layers_per_stage is not None and vpp != 1:
+        raise ValueError(f"layers_per_stage needs vpp = 1 (one stage per rank), got vpp={vpp}")
+    if layers_per_stage is None and vpp == 1:
+        layers_per_stage = balanced_stage_split(model.config.num_layers, pp)
+    ranges = stage_layer_ranges(model.config.num_layers, num_stages, layers_per_stage)
     parts = []
     for stage_index in range(pp_rank, num_stages, pp):
         part = copy.deepcopy(model)
