@@ -21,6 +21,7 @@ from rest_framework import serializers
 
 from controlplane.common.api import TeamOwnedSerializer
 from workers import planner
+from workers.planner.search import CONSTRAINTS, OBJECTIVES
 from workers.planner.specs import document_schema
 from workers.training.config import JobConfig
 
@@ -28,16 +29,36 @@ META_FIELDS = {"id", "team", "created_at", "updated_at"}
 
 # plan.json: strategy, feasible, reason, predicted (stored and sent plans may carry more: id, name, model)
 PLAN_SCHEMA = document_schema(planner.Plan)
+# a search's limits (workers.planner.search.CONSTRAINTS) and what it ranks by (OBJECTIVES)
+SEARCH_CONSTRAINTS_SCHEMA = {
+    "type": "object",
+    "description": "Limits a plan must keep; a plan above one is rejected (absent or null: no limit).",
+    "properties": {
+        name: {"type": "number", "nullable": True, "description": text} for name, text in CONSTRAINTS.items()
+    },
+    "additionalProperties": False,
+}
+SEARCH_OBJECTIVE_SCHEMA = {
+    "type": "string",
+    "enum": list(OBJECTIVES),
+    "default": "throughput",
+    "description": "What the ranking (top plans, best plan) follows; ties go to throughput. "
+    + "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()),
+}
 # the request a search ran: the documents it searched and how many plans it kept
 SEARCH_REQUEST_SCHEMA = {
     "type": "object",
-    "description": "The documents the search ran on, the fixed strategy fields and how many plans it kept.",
+    "description": "The documents the search ran on, the fixed strategy fields, how many plans it kept, "
+    "what it ranked by and the limits it kept (searches stored before objectives have neither: throughput, "
+    "no limits).",
     "properties": {
         "model": document_schema(planner.ModelSpec),
         "cluster": document_schema(planner.ClusterSpec),
         "training": document_schema(planner.TrainingConfig),
         "strategy": document_schema(planner.Strategy),
         "top_k": {"type": "integer"},
+        "objective": SEARCH_OBJECTIVE_SCHEMA,
+        "constraints": SEARCH_CONSTRAINTS_SCHEMA,
     },
 }
 
@@ -70,6 +91,16 @@ class PlanDocumentField(serializers.JSONField):
 @extend_schema_field(document_schema(JobConfig), component_name="JobConfig")
 class JobConfigField(serializers.JSONField):
     """The runtime's job configuration (``workers.training.config.JobConfig``)."""
+
+
+@extend_schema_field(SEARCH_CONSTRAINTS_SCHEMA, component_name="SearchConstraints")
+class SearchConstraintsField(serializers.JSONField):
+    """A search's limits: ``max_memory_GiB_per_device``, ``max_bubble_fraction`` (checked by the planner)."""
+
+
+@extend_schema_field(SEARCH_OBJECTIVE_SCHEMA)
+class SearchObjectiveField(serializers.CharField):
+    """What a search ranks by (checked by the planner, whose message lists what is allowed)."""
 
 
 @extend_schema_field(SEARCH_REQUEST_SCHEMA, component_name="SearchRequest")

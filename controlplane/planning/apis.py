@@ -27,6 +27,8 @@ from controlplane.common.documents import (
     DocumentSerializer,
     ModelDocumentField,
     PlanDocumentField,
+    SearchConstraintsField,
+    SearchObjectiveField,
     SearchRequestField,
     StrategyDocumentField,
     StrictFieldsMixin,
@@ -34,7 +36,13 @@ from controlplane.common.documents import (
 )
 from controlplane.planning import selectors, services
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
-from controlplane.planning.planner_adapters import checked, evaluated, params_billion, plan_row_fields
+from controlplane.planning.planner_adapters import (
+    checked,
+    checked_ranking,
+    evaluated,
+    params_billion,
+    plan_row_fields,
+)
 from workers import planner
 
 
@@ -91,7 +99,9 @@ class StrategySearchSerializer(TeamOwnedSerializer):
 
 
 class SearchCreateSerializer(StrictFieldsMixin, serializers.Serializer):
-    """Cluster and model by id (from the knowledge base) or as documents; training; fixed strategy fields."""
+    """Cluster and model by id (from the knowledge base) or as documents; training; fixed strategy fields;
+    what to rank by and the limits a plan must keep (the planner checks both: its message names the field
+    and what is allowed)."""
 
     team = TeamField()
     cluster = serializers.IntegerField(required=False, help_text="id of a stored cluster")
@@ -101,8 +111,15 @@ class SearchCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     training = TrainingDocumentField(help_text="training.json")
     strategy = StrategyDocumentField(required=False, default=dict, help_text="fixed fields of strategy.json")
     top_k = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    objective = SearchObjectiveField(required=False, default="throughput", help_text="what to rank by")
+    constraints = SearchConstraintsField(
+        required=False, default=dict, help_text="limits: max_memory_GiB_per_device, max_bubble_fraction"
+    )
 
     def validate(self, attrs):
+        attrs["objective"], attrs["constraints"] = checked_ranking(
+            attrs.get("objective"), attrs.get("constraints")
+        )
         user = self.context["request"].user
         if "cluster" in attrs:
             attrs["cluster"] = scoped(Cluster.objects.all(), user).filter(pk=attrs["cluster"]).first()
@@ -155,6 +172,8 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
             training=d["training"],
             fixed=d.get("strategy") or None,
             top_k=d["top_k"],
+            objective=d["objective"],
+            constraints=d["constraints"],
         )
         return Response(self.get_serializer(search).data, status=status.HTTP_201_CREATED)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rest_framework.exceptions import ValidationError
 
 from workers import planner
+from workers.planner.search import checked_ranking as search_ranking
 
 
 def checked(kind: str, document, prefix: str | None = None):
@@ -30,6 +31,16 @@ def checked(kind: str, document, prefix: str | None = None):
         raise ValidationError(errors) from exc
 
 
+def checked_ranking(objective, constraints, cluster=None) -> tuple[str, dict[str, float]]:
+    """A search's objective and constraints checked by the planner; a SpecError becomes a 400 naming the
+    field (``objective``, ``constraints.max_bubble_fraction``). With ``cluster`` (a ClusterSpec),
+    ``energy`` also needs the device's power."""
+    try:
+        return search_ranking(objective, constraints, cluster)
+    except planner.SpecError as exc:
+        raise ValidationError(exc.errors) from exc
+
+
 def params_billion(model_doc: dict) -> float:
     """Total parameters (billions) of a model.json, by the planner's own count."""
     return float(checked("model", model_doc).parameter_count()["total"]) / 1e9
@@ -49,13 +60,14 @@ def evaluated(model, cluster, training, strategy_doc) -> planner.Plan:
 
 def plan_row_fields(plan: planner.Plan, model: planner.ModelSpec, cluster: planner.ClusterSpec) -> dict:
     """The ``StoredPlan`` columns a costed plan fills: what the planner said, and the scenario keys the
-    similar-plans lookup filters on (device, device count, model size)."""
+    similar-plans lookup filters on (device, device count, model size). ``device_count`` is the devices the
+    plan takes: fewer than the cluster's when its ``predicted`` says the rest stay idle (``devices_used``)."""
     return {
         "strategy": plan.strategy.to_dict(),
         "feasible": plan.feasible,
         "reason": plan.reason,
         "predicted": plan.predicted,
         "device_name": cluster.device.name,
-        "device_count": cluster.num_devices,
+        "device_count": plan.predicted.get("devices_used", cluster.num_devices),
         "params_billion": model.parameter_count()["total"] / 1e9,
     }

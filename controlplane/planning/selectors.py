@@ -169,6 +169,9 @@ def search_page_data(search: StrategySearch) -> dict:
             "stream": search.stream,
             "what_if": search.what_if,
             "parent_id": search.parent_id,
+            # what the ranking followed and the limits plans kept (older searches: throughput, none)
+            "objective": req.get("objective", "throughput"),
+            "constraints": req.get("constraints") or {},
         },
         "model": req.get("model"),
         "cluster": req.get("cluster"),

@@ -18,7 +18,7 @@ from controlplane.clusters.models import Cluster
 from controlplane.common.models import JobState
 from controlplane.live.services import publish, publish_after_commit
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
-from controlplane.planning.planner_adapters import checked, evaluated, plan_row_fields
+from controlplane.planning.planner_adapters import checked, checked_ranking, evaluated, plan_row_fields
 from controlplane.planning.selectors import plan_document, similar_plans
 from controlplane.planning.tasks import run_search
 from workers import planner
@@ -41,11 +41,15 @@ def search_create(
     training: dict,
     fixed: dict | None = None,
     top_k: int = 10,
+    objective: str = "throughput",
+    constraints: dict | None = None,
     parent: StrategySearch | None = None,
     what_if: dict | None = None,
     allow_fewer_nodes: bool = False,
 ) -> StrategySearch:
-    """Validate the request with the planner, look up similar plans, and queue the search."""
+    """Validate the request with the planner, look up similar plans, and queue the search. ``objective``
+    and ``constraints`` (``workers.planner.search.OBJECTIVES`` / ``CONSTRAINTS``) are stored with the
+    request and passed to the planner."""
     from controlplane.jobs.services import TooMuchQueuedWork
 
     active = StrategySearch.objects.filter(team=team, state__in=(JobState.QUEUED, JobState.RUNNING)).count()
@@ -66,6 +70,7 @@ def search_create(
     cluster_spec = checked("cluster", cluster_doc, "cluster")
     model_spec = checked("model", model_doc, "model")
     checked("training", training, "training")
+    objective, constraints = checked_ranking(objective, constraints, cluster_spec)
     if fixed:
         try:
             planner.Strategy.from_dict(fixed)
@@ -89,6 +94,8 @@ def search_create(
                 "training": training,
                 "strategy": fixed or {},
                 "top_k": top_k,
+                "objective": objective,
+                "constraints": constraints,
                 "allow_fewer_nodes": allow_fewer_nodes,
             },
             parent=parent,
@@ -117,6 +124,8 @@ def search_what_if(*, search: StrategySearch, lose_nodes: int, created_by=None) 
         training=search.request["training"],
         fixed=search.request.get("strategy"),
         top_k=search.request.get("top_k", 10),
+        objective=search.request.get("objective", "throughput"),
+        constraints=search.request.get("constraints"),
         parent=search,
         what_if={"lose_nodes": lose_nodes},
         allow_fewer_nodes=True,
@@ -163,7 +172,9 @@ def _plan_row(
 
 def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dict | None:
     """Warm start: cost each similar stored plan's strategy on this scenario (where its degrees fit this
-    device count). Returns the best of them as a first best-so-far."""
+    cluster: all of its devices, or part of them with the rest idle, which the re-evaluated plan says).
+    Returns the best of those that take every device as a first best-so-far. Costed without the scaling
+    baseline: their ``scaling_efficiency`` is null ("not computed"), never a made-up 1.0."""
     best = None
     updated = []
     for entry in search.similar_plans:
@@ -174,7 +185,13 @@ def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dic
                 model, cluster, training, planner.Strategy.from_dict(strategy), scaling=False
             )
             entry["reevaluated"] = plan.to_dict()
-            if plan.feasible and (best is None or plan.step_time_s < best["predicted"]["step_time_s"]):
+            # the first best-so-far of a search over every device: not a plan that leaves some idle
+            uses_all = "devices_used" not in plan.predicted
+            if (
+                plan.feasible
+                and uses_all
+                and (best is None or plan.step_time_s < best["predicted"]["step_time_s"])
+            ):
                 best = plan.to_dict()
         except planner.SpecError as exc:
             entry["reevaluated"] = None
@@ -282,6 +299,9 @@ def _search_run(search: StrategySearch) -> str:
     options = {
         "fixed": req.get("strategy") or None,
         "top_k": req.get("top_k", 10),
+        # searches stored before objectives existed ranked by throughput with no limits
+        "objective": req.get("objective", "throughput"),
+        "constraints": req.get("constraints") or None,
         "progress": progress,
         "should_stop": should_stop,
     }

@@ -111,7 +111,7 @@ def test_invalid_fixed_layout_exits_2(capsys, tmp_path):
         {
             "tp": 8,
             "pp": 8,
-            "dp": 16,
+            "dp": 64,  # 4096 devices: more than the cluster's 3072
             "ep": 1,
             "cp": 1,
             "vpp": 1,

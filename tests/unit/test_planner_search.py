@@ -98,9 +98,11 @@ def test_evaluate_rejects_an_invalid_layout_naming_the_field(gpt3):
     with pytest.raises(SpecError) as exc:
         evaluate(
             *gpt3,
-            full_strategy(tp=5, pp=8, dp=16, recompute="full", zero_stage=1, sequence_parallel=True),
+            # 5*8*80 = 3200 devices: more than the cluster's 3072 (fewer would be a plan leaving some idle)
+            full_strategy(tp=5, pp=8, dp=80, recompute="full", zero_stage=1, sequence_parallel=True),
         )
     assert "strategy.tp" in exc.value.errors and "strategy.dp" in exc.value.errors
+    assert "the cluster has 3072" in exc.value.errors["strategy.dp"][0]
 
 
 def test_moe_seed_scenario_uses_expert_parallelism():

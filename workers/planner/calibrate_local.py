@@ -2,7 +2,9 @@
 real runs. Imports torch lazily (only this module needs it).
 
 Measures GEMM throughput by shape (fits the planner's GEMM-efficiency curve), streaming memory
-bandwidth, and gloo all-reduce time between 2 local processes (fits alpha and bus bandwidth); writes
+bandwidth, gloo all-reduce time between 2 local processes (fits alpha and bus bandwidth), and the training
+runtime's host-side cost per layer pass and per step (``measure_framework``: on a CPU the dispatcher,
+autograd and DTensor cost more than the arithmetic of a small model); writes
 ``cpu.json`` (a device profile) and ``cluster-cpu.json`` (a cluster.json for this machine, 2 "devices" =
 2 processes) under ``var/calibration``.
 """
@@ -133,6 +135,182 @@ def measure_allreduce(repeat: int, sizes=ALLREDUCE_BYTES) -> dict[str, Any]:
     return {"points": points, "bus_bandwidth_GBps": bw / 1e9, "latency_us": alpha_per_step * 1e6}
 
 
+# the probe of measure_framework: a model of the runtime's own blocks far smaller than any example, so
+# that its passes are the runtime's host-side cost (dispatch, autograd, DTensor), not arithmetic
+PROBE_MODEL = {
+    "name": "calibrate-probe",
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_kv_heads": 2,
+    "ffn_hidden_size": 64,
+    "vocab_size": 64,
+    "seq_length": 8,
+    "activation": "swiglu",
+    "moe": None,
+}
+PROBE_LAYERS = (1, 3)  # the per-layer cost is the slope between these, the rest the intercept
+PROBE_BATCHES = (1, 16)  # ... at two batch sizes: the per-pass cost at 0 tokens, and the cost per token
+
+
+def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: str) -> None:
+    """Both ranks at once (as in a 2-process run, sharing the cores): forward + backward of the probe at
+    1 and 3 layers, plain and with the runtime's tensor + sequence parallelism over the 2 ranks
+    (``workers.training.parallel.tensor.apply_tp``); the per-step work of the runtime's trainer per
+    parameter (float64 gradient norm, AdamW step); and the step's small all-reduce."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workers.planner.specs import ModelSpec
+    from workers.training.model import Transformer
+    from workers.training.parallel.tensor import apply_tp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+
+    def timed(fn, n: int) -> float:
+        for _ in range(3):
+            fn()
+        dist.barrier()
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    results: dict[str, float] = {}
+    for kind in ("plain", "tp"):
+        for layers in PROBE_LAYERS:
+            model = Transformer.build(ModelSpec.from_dict({**PROBE_MODEL, "num_layers": layers}), 0)
+            if kind == "tp":
+                apply_tp(model, mesh, True)
+            params = list(model.parameters())
+            optimizer = torch.optim.AdamW(params, lr=1e-3)
+
+            def passes(model=model, batch=1):
+                tokens = torch.randint(0, PROBE_MODEL["vocab_size"], (batch, PROBE_MODEL["seq_length"]))
+                logits = model(tokens)
+                logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+                F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+
+            def step_work(params=params, optimizer=optimizer):
+                total = torch.zeros((), dtype=torch.float64)
+                for p in params:
+                    g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    total += torch.linalg.vector_norm(g, dtype=torch.float64).square()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)  # as the trainer: the next backward allocates them
+
+            for batch in PROBE_BATCHES:
+                results[f"{kind}_pass_b{batch}_{layers}"] = timed(lambda b=batch: passes(batch=b), repeat)
+            # the step's work after a backward, as in training (fresh gradients, the allocator's state)
+            both = timed(lambda: (passes(batch=PROBE_BATCHES[0]), step_work()), repeat)
+            results[f"{kind}_step_{layers}"] = max(
+                both - results[f"{kind}_pass_b{PROBE_BATCHES[0]}_{layers}"], 0.0
+            )
+    small = torch.zeros(5, dtype=torch.float64)
+    results["step_collective"] = timed(lambda: dist.all_reduce(small), 2 * repeat)
+    dist.barrier()
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def measure_framework(repeat: int) -> dict[str, Any]:
+    """The runtime's host-side costs (``workers.planner.hardware.Framework``) on 2 processes: per-layer
+    slopes and intercepts of the probe's passes and per-step work, negative intercepts (noise) as 0."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "framework.json")
+        mp.spawn(_framework_worker, args=(PROCESSES, port, repeat, out), nprocs=PROCESSES, join=True)
+        raw = json.loads(Path(out).read_text())
+    lo, hi = PROBE_LAYERS
+
+    def line(key: str) -> tuple[float, float]:
+        a, b = raw[f"{key}_{lo}"], raw[f"{key}_{hi}"]
+        slope = max((b - a) / (hi - lo), 0.0)
+        return slope, max(a - lo * slope, 0.0)
+
+    b1, b2 = PROBE_BATCHES
+
+    def at_zero_tokens(kind: str) -> tuple[float, float, float]:
+        """(layer pass, rest, measured seconds per extra token per layer) extrapolated to no tokens."""
+        (l1, e1), (l2, e2) = line(f"{kind}_pass_b{b1}"), line(f"{kind}_pass_b{b2}")
+        per_batch = (l2 - l1) / (b2 - b1)
+        return max(l1 - b1 * per_batch, 0.0), max(e1 - b1 * (e2 - e1) / (b2 - b1), 0.0), per_batch
+
+    layer, edge, per_batch = at_zero_tokens("plain")
+    tp_layer, tp_edge, tp_per_batch = at_zero_tokens("tp")
+    step_layer, step_fixed = line("plain_step")
+    tp_step_layer, _tp_step_fixed = line("tp_step")
+    return {
+        "layer_pass_s": layer,
+        "edge_pass_s": edge,
+        "tp_layer_pass_s": tp_layer,
+        "tp_edge_pass_s": tp_edge,
+        "step_layer_s": step_layer,
+        "tp_step_layer_s": tp_step_layer,
+        "step_fixed_s": step_fixed,
+        "step_collective_s": raw["step_collective"],
+        "layer_s_per_sequence": per_batch,
+        "tp_layer_s_per_sequence": tp_per_batch,
+        "raw_s": raw,
+    }
+
+
+def compute_scales(framework: dict[str, Any], profile: dict[str, Any], cluster: dict[str, Any]) -> dict:
+    """``compute_scale`` and ``tp_compute_scale`` (``hardware.Framework``): the probe's measured seconds
+    per extra sequence per layer over what the cost model predicts for the same probe on this profile
+    (its compute; with tp, beside the modelled bandwidth share of the tp collectives, left unscaled)."""
+    import numpy as np
+
+    from .costmodel import CostModel, Layouts, all_reduce_time
+    from .hardware import Efficiency, Framework
+    from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
+
+    b1, b2 = PROBE_BATCHES
+    model = ModelSpec.from_dict({**PROBE_MODEL, "num_layers": 1})
+    spec = ClusterSpec.from_dict(cluster)
+
+    def modelled(tp: int, batch: int) -> tuple[float, float]:
+        strategy = Strategy.from_dict(
+            {"tp": tp, "pp": 1, "dp": 1, "ep": 1, "cp": 1, "vpp": 1, "micro_batch_size": batch,
+             "recompute": "none", "zero_stage": 0, "sequence_parallel": tp > 1},
+            partial=False,
+        )  # fmt: skip
+        cm = CostModel(
+            model,
+            spec.with_devices(tp) if hasattr(spec, "with_devices") and tp < spec.num_devices else spec,
+            TrainingConfig(global_batch_size=batch, dtype="fp32", optimizer="adamw"),
+            Efficiency.from_profile(profile),
+            framework=Framework(),
+        )
+        L = Layouts.from_strategies([strategy])
+        compute = float(cm.compute_times(L, cm._layer_gemm_times(L))["dense_layer"][0])
+        tp_bytes = cm.tokens_per_micro_batch(L) * model.hidden_size * cm.act_bytes
+        links = cm.links(L)["tp"]
+        bandwidth = 4.0 * (all_reduce_time(links, tp_bytes) - all_reduce_time(links, 0.0))
+        return compute, float(np.asarray(bandwidth).ravel()[0])
+
+    scales = {}
+    for name, tp, key in (
+        ("compute_scale", 1, "layer_s_per_sequence"),
+        ("tp_compute_scale", 2, "tp_layer_s_per_sequence"),
+    ):
+        (c1, w1), (c2, w2) = modelled(tp, b1), modelled(tp, b2)
+        per_batch_model = (c2 - c1) / (b2 - b1)
+        measured = framework[key] - (w2 - w1) / (b2 - b1)
+        scales[name] = min(max(measured / per_batch_model, 0.1), 100.0) if per_batch_model > 0 else 1.0
+    return scales
+
+
 def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool = True):
     """Measure, write ``cpu.json`` and ``cluster-cpu.json``; return (profile, written paths)."""
     import psutil
@@ -146,6 +324,7 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
     bf16 = measure_gemm([(512, 512, 512)] if quick else [(1024, 1024, 1024)], repeat, "bf16")[0]["tflops"]
     mem_bw = measure_memory_bandwidth(repeat)
     link = measure_allreduce(repeat) if allreduce else None
+    framework = measure_framework(10 if quick else 40) if allreduce else None
     memory_gib = psutil.virtual_memory().total / (1 << 30) / PROCESSES
     when = datetime.now(UTC).isoformat(timespec="seconds")
     host = f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
@@ -177,8 +356,35 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
             "collective_efficiency_inter": e(1.0, "link bandwidth is the measured gloo bus bandwidth"),
             "framework_overhead_GiB": e(0.5, "python + torch + gloo resident set, order of magnitude"),
         },
-        "measured": {"gemm": gemm, "allreduce": link, "threads_per_process": threads, "at": when},
+        "measured": {
+            "gemm": gemm,
+            "allreduce": link,
+            "framework": framework,
+            "threads_per_process": threads,
+            "at": when,
+        },
     }
+    if framework is not None:
+        how = (
+            f"{src}; both processes at once, median of {10 if quick else 40}; a probe of the runtime's own "
+            f"Transformer (hidden {PROBE_MODEL['hidden_size']}, {PROBE_MODEL['seq_length']} tokens) at "
+            f"{PROBE_LAYERS[0]} and {PROBE_LAYERS[1]} layers and {PROBE_BATCHES[0]} and {PROBE_BATCHES[1]} "
+            "sequences: slope per layer, intercept for the rest, extrapolated to no tokens"
+        )
+        profile["framework"] = {
+            name: e(value, f"{how} ({what})")
+            for name, what in (
+                ("layer_pass_s", "forward + backward, per layer"),
+                ("edge_pass_s", "forward + backward of embedding, norm, head and loss"),
+                ("tp_layer_pass_s", "forward + backward per layer, tp 2 + sequence parallel, collectives in"),
+                ("tp_edge_pass_s", "the same intercept with tp 2"),
+                ("step_layer_s", "float64 gradient norm + AdamW step, per layer"),
+                ("tp_step_layer_s", "the same on DTensor parameters, tp 2"),
+                ("step_fixed_s", "gradient norm + AdamW step of the rest"),
+                ("step_collective_s", "one all-reduce of 5 float64"),
+            )
+            for value in (framework[name],)
+        }
     bw = link["bus_bandwidth_GBps"] if link else mem_bw / 4
     lat = link["latency_us"] if link else 50.0
     cluster = {
@@ -196,6 +402,13 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
         "inter_node": {"kind": "gloo-tcp", "bandwidth_GBps": round(bw, 4), "latency_us": round(lat, 2)},
         "tiers": [],
     }
+    if framework is not None:
+        for name, value in compute_scales(framework, profile, cluster).items():
+            what = "tp 2 + sequence parallel, " if name.startswith("tp") else ""
+            profile["framework"][name] = e(
+                value,
+                f"{how} ({what}measured seconds per extra sequence per layer / the cost model's for the probe)",
+            )
     out = Path(out_dir) if out_dir else calibration_dir()
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "cpu.json", out / "cluster-cpu.json"]

@@ -29,6 +29,26 @@ def register(subparsers) -> None:
     p.add_argument("--strategy", help="strategy.json with any subset of fields fixed (null/absent = search)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="plans to list (default 5)")
     p.add_argument(
+        "--objective",
+        default="throughput",
+        metavar="NAME",
+        help="rank by throughput (default: tokens/s), memory_headroom (free memory per device), "
+        "communication_volume (least bytes per device per step) or energy (tokens per kWh); ties go to "
+        "throughput",
+    )
+    p.add_argument(
+        "--max-memory-gib",
+        type=float,
+        metavar="GIB",
+        help="reject plans whose predicted peak memory per device exceeds GIB",
+    )
+    p.add_argument(
+        "--max-bubble-fraction",
+        type=float,
+        metavar="F",
+        help="reject plans whose predicted pipeline bubble exceeds F of the step (0..1)",
+    )
+    p.add_argument(
         "--lose-nodes",
         type=int,
         default=0,
@@ -107,12 +127,19 @@ def run_strategy(args: argparse.Namespace) -> int:
             raise InputError("--top", f"must be >= 1, got {args.top}")
         if args.lose_nodes:
             cluster = without_nodes(cluster, args.lose_nodes)
+        ranking = {
+            "objective": args.objective,
+            "constraints": {
+                "max_memory_GiB_per_device": args.max_memory_gib,
+                "max_bubble_fraction": args.max_bubble_fraction,
+            },
+        }
         if args.lose_nodes or args.allow_idle_nodes:
             result, cluster = search_allowing_idle_nodes(
-                model, cluster, training, fixed=fixed, top_k=args.top
+                model, cluster, training, fixed=fixed, top_k=args.top, **ranking
             )
         else:
-            result = search(model, cluster, training, fixed, top_k=args.top)
+            result = search(model, cluster, training, fixed, top_k=args.top, **ranking)
     except InputError as exc:
         print(f"cann-train strategy: invalid input: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -149,6 +176,11 @@ def format_result(result, model, cluster, training) -> str:
         + (f", Pareto front {st.get('pareto_size', 0)}" if result.best else "")
         + (" (cancelled)" if st.get("cancelled") else ""),
     ]
+    if st.get("objective", "throughput") != "throughput" or st.get("constraints"):
+        limits = ", ".join(f"{k} <= {v:g}" for k, v in st.get("constraints", {}).items())
+        lines.append(
+            f"ranked by {st.get('objective', 'throughput')}" + (f"; limits: {limits}" if limits else "")
+        )
     if st.get("note"):
         lines.append(f"note: {st['note']}")
     if st["rejected"]:
@@ -185,8 +217,12 @@ def format_result(result, model, cluster, training) -> str:
         f"(headroom {p['memory_headroom_GiB']:.2f})",
         f"  comm s: tp {c['tp']:.3f}, pp {c['pp']:.3f}, dp {c['dp']:.3f}, ep {c['ep']:.3f}, cp {c['cp']:.3f}; "
         f"exposed {p['exposed_comm_s']:.3f}; {p['comm_volume_GB_per_device']:.1f} GB/device/step",
-        f"  bubble fraction {p['bubble_fraction']:.3f}; scaling efficiency {p['scaling_efficiency']:.3f} "
-        f"(per-device throughput vs the smallest device count that fits)",
+        f"  bubble fraction {p['bubble_fraction']:.3f}; scaling efficiency "
+        + (
+            f"{p['scaling_efficiency']:.3f} (per-device throughput vs the smallest device count that fits)"
+            if p.get("scaling_efficiency") is not None
+            else p.get("scaling_efficiency_note", "not computed")
+        ),
     ]
     if (split := result.best.strategy.layers_per_stage) is not None:
         from .search import stage_split_text

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .hardware import Efficiency
+from .hardware import Efficiency, Framework, framework_for
 from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig, stage_split_summary
 
 GiB = float(1 << 30)
@@ -320,8 +320,12 @@ class CostModel:
         training: TrainingConfig,
         eff: Efficiency,
         order: str = "tp-cp-ep-dp-pp",
+        framework: Framework | None = None,
     ):
         self.model, self.cluster, self.training, self.eff, self.order = model, cluster, training, eff, order
+        # the runtime's host-side costs (hardware.Framework): measured by `cann-train calibrate` for this
+        # machine's cpu, none for the shipped accelerator profiles
+        self.fw = framework if framework is not None else framework_for(cluster.device.name)
         dev = cluster.device
         dtype = training.dtype
         peak = dev.peak_tflops.get(dtype) or dev.peak_tflops.get("bf16") or max(dev.peak_tflops.values())
@@ -628,6 +632,14 @@ class CostModel:
         links = self.links(L)
         compute = self.compute_times(L, g)
         tp = self.tp_comm(L, links["tp"])
+        fw = self.framework_times(L, links["tp"])
+        for part in ("dense_layer", "moe_layer", "logits", "embedding"):
+            compute[part] = compute[part] * fw["compute_scale"]
+        compute["dense_layer"] = compute["dense_layer"] + fw["layer"]
+        compute["moe_layer"] = compute["moe_layer"] + fw["layer"]
+        compute["logits"] = compute["logits"] + fw["edge"]
+        # the measured tp passes hold their collectives' start-up: charge only their bandwidth share again
+        tp["time"] = np.maximum(tp["time"] - fw["tp_latency"], 0.0)
         cp = self.cp_comm(L, links["cp"], g["core"])
         ep = self.ep_comm(L, links["ep"])
 
@@ -659,7 +671,8 @@ class CostModel:
         pp = self.pp_comm(L, links["pp"], micro, ideal)
         params = self.stage_parameters(L)
         dp = self.dp_comm(L, links["dp"], links["edp"], micro, compute_micro, params)
-        opt_time = self.optimizer_time(L, params)
+        fw_step = layers_here * fw["step_layer"] + fw["step_fixed"]
+        opt_time = self.optimizer_time(L, params) + fw_step
 
         step = ideal + pp["bubble"] + pp["time"] + dp["exposed"] + opt_time
         tp_total = micro * layers_here * tp["time"]
@@ -681,6 +694,7 @@ class CostModel:
             "bubble": pp["bubble"],
             "compute": micro * compute_micro,
             "optimizer": opt_time,
+            "framework": micro * (layers_here * fw["layer"] + fw["edge"]) + fw_step,
             "micro": micro,
             "tp": tp_total,
             "pp": pp["time"],
@@ -757,6 +771,34 @@ class CostModel:
             "edge": edge,
             "embedding": embedding,
             "logits": logits,
+        }
+
+    def framework_times(self, L: Layouts, tp_links: GroupLinks) -> dict[str, np.ndarray]:
+        """The runtime's host-side seconds (:class:`~.hardware.Framework`, zeros when not measured): ``layer``
+        per layer and micro-batch (scaled by the layer's passes: a full recompute runs a fourth), ``edge``
+        per micro-batch on the last stage (embedding, head, loss), ``step_layer`` per layer of the stage
+        and ``step_fixed`` per step (gradient norm, optimizer loop, the step's small all-reduce), and
+        ``tp_latency``: the start-up of the tp collectives of one layer and micro-batch, which the measured
+        tp passes already hold; ``compute_scale``: the factor on the modelled compute. The tp figures were
+        measured at tp = 2 and serve every tp > 1."""
+        fw = self.fw
+        zero = np.zeros_like(L.tp, dtype=np.float64)  # the layouts' (broadcasting) shape
+        if not fw.measured:
+            return {k: zero for k in ("layer", "edge", "step_layer", "step_fixed", "tp_latency")} | {
+                "compute_scale": zero + 1.0
+            }
+        tp_on = L.tp > 1
+        full, _sel = _recompute_flags(L)
+        world = (L.tp * L.pp * L.dp * L.cp).astype(np.float64)
+        # the start-up of one tp collective: an all-reduce of nothing; (4 + 2 full) of them per layer
+        tp_latency = np.where(tp_on, (4.0 + 2.0 * full) * all_reduce_time(tp_links, 0.0), 0.0)
+        return {
+            "layer": np.where(tp_on, fw.tp_layer_pass_s, fw.layer_pass_s) * _layer_passes(L) / 3.0,
+            "edge": np.where(tp_on, fw.tp_edge_pass_s, fw.edge_pass_s) + zero,
+            "step_layer": np.where(tp_on, fw.tp_step_layer_s, fw.step_layer_s) + zero,
+            "step_fixed": fw.step_fixed_s + np.where(world > 1, fw.step_collective_s, 0.0),
+            "tp_latency": tp_latency,
+            "compute_scale": np.where(tp_on, fw.tp_compute_scale, fw.compute_scale) + zero,
         }
 
     def tp_comm(self, L: Layouts, links: GroupLinks) -> dict[str, np.ndarray]:

@@ -63,6 +63,57 @@ class Efficiency:
         return Efficiency(**values)
 
 
+@dataclass(frozen=True)
+class Framework:
+    """Host-side cost of the training runtime itself, beside the kernels the rest of the model charges:
+    Python, the dispatcher, autograd and DTensor's sharding propagation per operator, and the optimizer's
+    per-tensor loop. On an accelerator it hides behind queued kernels; on a CPU, where the kernels run on
+    the same cores in the same thread, it is paid in full and dominates small models (each field measured
+    by ``cann-train calibrate`` on probe layers unlike any example: ``calibrate_local.measure_framework``).
+    Profiles without a ``framework`` section (every shipped accelerator) charge nothing for it."""
+
+    layer_pass_s: float = 0.0
+    """Forward + backward of one transformer layer of a tiny probe (compute negligible), per micro-batch."""
+    edge_pass_s: float = 0.0
+    """Forward + backward of the embedding, final norm, LM head and loss of the probe, per micro-batch."""
+    tp_layer_pass_s: float = 0.0
+    """As ``layer_pass_s`` with tensor + sequence parallelism over 2 ranks (DTensor), its collectives in."""
+    tp_edge_pass_s: float = 0.0
+    step_layer_s: float = 0.0
+    """The runtime's per-step work per layer: gradient norm, AdamW step (per-tensor loop)."""
+    tp_step_layer_s: float = 0.0
+    step_fixed_s: float = 0.0
+    """The same for the embedding, norm and head (the intercept over layers)."""
+    step_collective_s: float = 0.0
+    """The one small all-reduce every step carries (loss, gradient norm, snapshot requests)."""
+    compute_scale: float = 1.0
+    """Measured / modelled time per token of the probe's layer passes (the slope between two batch sizes,
+    the per-pass cost above taken out): how far small tensors on this device fall short of the GEMM curve
+    and the streaming bandwidth the rest of the model assumes. Multiplies the modelled compute."""
+    tp_compute_scale: float = 1.0
+    """The same with tensor + sequence parallelism (its collectives' bandwidth in)."""
+
+    @property
+    def measured(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self) if not f.name.endswith("_scale"))
+
+    @classmethod
+    def from_profile(cls, profile: dict[str, Any]) -> Framework:
+        fw = profile.get("framework") or {}
+        values = {}
+        for f in fields(cls):
+            entry = fw.get(f.name)
+            value = entry.get("value") if isinstance(entry, dict) else None
+            if isinstance(value, int | float) and value >= 0 and (value > 0 or not f.name.endswith("_scale")):
+                values[f.name] = float(value)
+        return cls(**values)
+
+
+def framework_for(device_name: str) -> Framework:
+    """The runtime's host-side costs on a device (zeros unless its profile measured them)."""
+    return Framework.from_profile(find_profile(device_name)[1])
+
+
 @lru_cache(maxsize=1)
 def load_profiles() -> dict[str, Any]:
     """The shipped profiles document (``data/hardware_profiles.json``)."""

@@ -21,9 +21,11 @@ class Plan:
     """Why it is infeasible; empty when feasible."""
     predicted: dict[str, Any]
     """step_time_s, tokens_per_s, model/hardware TFLOP/s per device, mfu, memory_GiB_per_device,
-    bubble_fraction, comm_s, exposed_comm_s, scaling_efficiency, plus the breakdown extensions and the
+    bubble_fraction, comm_s, exposed_comm_s, scaling_efficiency (null, with ``scaling_efficiency_note``
+    saying why, when its baseline was not computed), plus the breakdown extensions and the
     optional ``energy`` block (predicted watts per device, kWh per step and per 1M tokens, tokens per kWh;
-    ``workers/planner/energy.py``), absent from plans costed before it existed."""
+    ``workers/planner/energy.py``), absent from plans costed before it existed. A layout that takes fewer
+    devices than its cluster has also carries ``devices_used``, ``devices_idle`` and ``idle_note``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,15 +59,16 @@ class SearchResult:
     """What ``search`` found. ``best`` is None when nothing fits (see ``stats['tightest']``)."""
 
     best: Plan | None
-    """Fastest feasible plan."""
+    """Best feasible plan by the search's objective (the fastest unless another was asked)."""
     top: list[Plan]
-    """The ``top_k`` fastest feasible plans, best first."""
+    """The ``top_k`` best feasible plans by the search's objective (``stats['objective']``), best first."""
     pareto: list[Plan]
     """Plans no other feasible plan beats on all of throughput, memory headroom and communication volume,
     sorted by throughput."""
     stats: dict[str, Any]
     """evaluated, feasible, rejected {reason: n}, seconds, tightest (message when nothing fits),
-    cancelled."""
+    cancelled, objective, constraints, constraint_rejected {constraint: n} (when a user limit rejected
+    layouts)."""
     candidates_fn: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
     """Builds :attr:`candidates` on first use (it costs more than the rest of the result)."""
     _candidates: list[dict[str, Any]] | None = field(default=None, init=False, repr=False)

@@ -1,4 +1,5 @@
-"""Enumerate every valid parallel layout, prune by memory, cost the rest, rank them.
+"""Enumerate every valid parallel layout, prune by memory (and the user's limits), cost the rest, rank
+them by an objective (throughput unless asked otherwise).
 
 ``evaluate`` costs one complete strategy; ``search`` costs all layouts compatible with a partial one.
 Both go through :class:`~workers.planner.costmodel.CostModel` on numpy arrays (one element per layout),
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +48,121 @@ R_VPP_UNEVEN = "vpp > 1 with uneven pipeline stages (not supported)"
 R_INTERLEAVE = "interleaved schedule needs micro-batches divisible by pp"
 R_MBS = "micro_batch_size does not divide the batch per replica"
 R_MEM = "exceeds device memory"
+
+# what a search may rank by (``objective``) and the limits a user may set (``constraints``)
+OBJECTIVES = {
+    "throughput": "most tokens/s first",
+    "memory_headroom": "most free memory per device first",
+    "communication_volume": "fewest bytes communicated per device per step first",
+    "energy": "most tokens per kWh of predicted board energy first",
+}
+CONSTRAINTS = {
+    "max_memory_GiB_per_device": "predicted peak memory per device, GiB (> 0)",
+    "max_bubble_fraction": "predicted pipeline bubble share of a step (0..1)",
+}
+MAX_MEMORY_LIMIT_GiB = 1e6  # a typo or a hostile 1e300 is an error, not a limit (1,000x the largest device)
+
+
+def _constraint_reason(name: str, limit: float) -> str:
+    """The ``stats["rejected"]`` reason of a user constraint."""
+    if name == "max_memory_GiB_per_device":
+        return f"predicted peak memory above max_memory_GiB_per_device ({limit:g} GiB)"
+    return f"predicted pipeline bubble above max_bubble_fraction ({limit:g})"
+
+
+def checked_ranking(
+    objective: str | None = "throughput", constraints: dict | None = None, cluster: ClusterSpec | None = None
+) -> tuple[str, dict[str, float]]:
+    """``(objective, constraints)`` of a search, checked: a :class:`SpecError` (a ValueError) naming the
+    field (``objective``, ``constraints.<name>``), what is wrong and what is allowed. ``None`` values are
+    dropped (no limit). With ``cluster``, ``energy`` also needs the device's power (its ``tdp_watts``)."""
+    objective = "throughput" if objective is None else objective
+    if objective not in OBJECTIVES:
+        allowed = "; ".join(f"{k} ({v})" for k, v in OBJECTIVES.items())
+        raise SpecError("objective", f"must be one of: {allowed}; got {objective!r}")
+    if constraints is None:
+        constraints = {}
+    if not isinstance(constraints, dict):
+        raise SpecError(
+            "constraints", f"must be an object with any of {', '.join(CONSTRAINTS)}, got {constraints!r}"
+        )
+    errors: dict[str, list[str]] = {}
+    out: dict[str, float] = {}
+    for name, value in constraints.items():
+        field = f"constraints.{name}"
+        if name not in CONSTRAINTS:
+            errors[field] = [f"is not a constraint; allowed: {', '.join(CONSTRAINTS)}"]
+            continue
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if name == "max_memory_GiB_per_device" and not (number and 0 < value <= MAX_MEMORY_LIMIT_GiB):
+            errors[field] = [f"must be a number of GiB > 0 (and <= {MAX_MEMORY_LIMIT_GiB:g}), got {value!r}"]
+        elif name == "max_bubble_fraction" and not (number and 0 <= value <= 1):
+            errors[field] = [f"must be a fraction of the step between 0 and 1, got {value!r}"]
+        else:
+            out[name] = float(value)
+    if errors:
+        raise SpecError(errors)
+    if objective == "energy" and cluster is not None and device_power_profile(cluster) is None:
+        raise SpecError(
+            "objective",
+            f"energy needs the device's power: {cluster.device.name!r} has no tdp_watts here; set the "
+            "cluster's device.tdp_watts (board power in W, from its datasheet) or rank by another objective",
+        )
+    return objective, out
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+    """How a search orders and filters its feasible layouts: the objective and the user's limits."""
+
+    objective: str = "throughput"
+    max_memory_bytes: float | None = None
+    max_bubble_fraction: float | None = None
+    power: tuple[float, float] | None = None
+    """(idle, board) watts per device, for ``energy``."""
+
+    @classmethod
+    def of(cls, objective: str, constraints: dict[str, float], cluster: ClusterSpec) -> Ranking:
+        power = None
+        if objective == "energy":
+            profile = device_power_profile(cluster)
+            power = (float(profile.get("idle_watts") or 0.0), float(profile["tdp_watts"]))
+        memory = constraints.get("max_memory_GiB_per_device")
+        return cls(
+            objective,
+            None if memory is None else memory * GiB,
+            constraints.get("max_bubble_fraction"),
+            power,
+        )
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The timing arrays (beyond step, volume and exposed) this ranking reads."""
+        return (("bubble",) if self.max_bubble_fraction is not None else ()) + (
+            ("compute", "optimizer") if self.objective == "energy" else ()
+        )
+
+    def key(self, vals: dict[str, np.ndarray], headroom: np.ndarray) -> np.ndarray:
+        """One complex sort key per layout, smallest best: the objective, then (its ties) throughput; for
+        ``throughput`` itself the ties go to the larger memory headroom."""
+        step = np.round(vals["step"], 9)  # equally fast to 1 ns
+        if self.objective == "throughput":
+            return step - 1j * headroom
+        if self.objective == "memory_headroom":
+            return -np.round(headroom) + 1j * step  # to the byte
+        if self.objective == "communication_volume":
+            return np.round(vals["volume"]) + 1j * step
+        # energy: tokens per kWh = tokens per step / (devices x joules per device per step), and the tokens
+        # per step and the devices are the same for every layout, so the least joules per device per step
+        # wins: W x step = idle x step + (tdp - idle) x busy (energy.py, W = idle + (tdp - idle) x u)
+        idle, tdp = self.power
+        busy = np.clip(vals["compute"] + vals["optimizer"], 0.0, vals["step"])
+        return np.round(idle * vals["step"] + (tdp - idle) * busy, 6) + 1j * step
+
+
+THROUGHPUT = Ranking()
 
 
 def divisors(n: int) -> list[int]:
@@ -141,16 +258,17 @@ def stage_split_errors(model: ModelSpec, s: Strategy) -> dict[str, list[str]]:
 def layout_errors(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, s: Strategy
 ) -> dict[str, list[str]]:
-    """Every divisibility rule a complete strategy breaks, keyed by ``strategy.<field>``."""
+    """Every divisibility rule a complete strategy breaks, keyed by ``strategy.<field>``. A layout may take
+    fewer devices than the cluster has: part of one node or whole nodes (``ClusterSpec.devices_problem``)."""
     errors: dict[str, list[str]] = {}
 
     def add(name, msg):
         if msg:
             errors.setdefault(f"strategy.{name}", []).append(msg)
 
-    n = cluster.num_devices
-    if s.tp * s.pp * s.dp * s.cp != n:
-        add("dp", f"tp*pp*dp*cp = {s.tp * s.pp * s.dp * s.cp} must equal the device count {n}")
+    world = s.tp * s.pp * s.dp * s.cp
+    if problem := cluster.devices_problem(world):
+        add("dp", f"tp*pp*dp*cp = {world}: {problem}")
     add("tp", tp_rule(model, s.tp))
     add("cp", cp_rule(model, s.cp))
     add("pp", pp_rule(model, s.pp))
@@ -301,17 +419,32 @@ def _cost_model(model, cluster, training, order: str, eff: Efficiency | None) ->
     return cm
 
 
+# why a plan's scaling_efficiency is null (never a made-up 1.0): its baseline was not computed
+SCALING_SKIPPED = (
+    "not computed: the baseline (best per-device throughput at the smallest device count that fits) was "
+    "skipped for this plan"
+)
+SCALING_NO_BASELINE = "not computed: no layout of this model fits at any device count of this cluster"
+
+
 def _predicted(
-    cm: CostModel, i: int, mem: dict, tm: dict, th: dict, baseline_per_device: float | None
+    cm: CostModel,
+    i: int,
+    mem: dict,
+    tm: dict,
+    th: dict,
+    baseline_per_device: float | None,
+    scaling_note: str = SCALING_SKIPPED,
 ) -> dict[str, Any]:
-    """plan.json ``predicted`` of the i-th layout of flat cost arrays."""
+    """plan.json ``predicted`` of the i-th layout of flat cost arrays. ``scaling_efficiency`` is null, with
+    ``scaling_efficiency_note`` (``scaling_note``) saying why, when there is no baseline."""
 
     def r(x, nd=4):
         return float(round(float(x), nd))
 
     step = float(tm["step"][i])
     per_device = float(th["tokens_per_s"][i]) / cm.cluster.num_devices
-    scaling = 1.0 if not baseline_per_device else per_device / baseline_per_device
+    scaling = per_device / baseline_per_device if baseline_per_device else None
     return {
         "step_time_s": r(step),
         "tokens_per_s": r(th["tokens_per_s"][i], 1),
@@ -324,13 +457,17 @@ def _predicted(
         "bubble_fraction": r(tm["bubble"][i] / step),
         "comm_s": {k: r(tm[k][i]) for k in ("tp", "pp", "dp", "ep", "cp")},
         "exposed_comm_s": r(tm["exposed"][i]),
-        "scaling_efficiency": r(scaling),
+        "scaling_efficiency": None if scaling is None else r(scaling),
         # extensions (not in the seed contract): the rest of the breakdown
+        **({"scaling_efficiency_note": scaling_note} if scaling is None else {}),
         "compute_s": r(tm["compute"][i]),
         "inline_comm_s": r(tm["inline_comm"][i]),
         "dp_exposed_s": r(tm["dp_exposed"][i]),
         "bubble_s": r(tm["bubble"][i]),
         "optimizer_s": r(tm["optimizer"][i]),
+        # the runtime's host-side share of compute_s and optimizer_s (hardware.Framework): only where
+        # `cann-train calibrate` measured it (this machine's cpu), absent for the accelerator profiles
+        **({"framework_s": r(tm["framework"][i])} if cm.fw.measured else {}),
         "num_micro_batches": int(tm["micro"][i]),
         "memory_headroom_GiB": r((cm.memory_bytes - mem["total"][i]) / GiB, 2),
         "comm_volume_GB_per_device": r(tm["volume"][i] / 1e9, 3),
@@ -358,10 +495,36 @@ def evaluate(
     errors = layout_errors(model, cluster, training, strategy)
     if errors:
         raise SpecError(errors)
-    cm = _cost_model(model, cluster, training, strategy.order, efficiency)
-    base = baseline_tokens_per_device(model, cluster, training, cm.eff) if scaling else None
+    used = cluster.with_devices(strategy.tp * strategy.pp * strategy.dp * strategy.cp)
+    cm = _cost_model(model, used, training, strategy.order, efficiency)
+    base = baseline_tokens_per_device(model, used, training, cm.eff) if scaling else None
     layouts = Layouts.from_strategies([strategy], model.num_layers)
-    return _plans(cm, layouts, base, strategy.order, strategy.layers_per_stage)[0]
+    note = SCALING_NO_BASELINE if scaling else SCALING_SKIPPED
+    plan = _plans(cm, layouts, base, strategy.order, strategy.layers_per_stage, scaling_note=note)[0]
+    _leave_idle(cluster, used, [plan])
+    return plan
+
+
+def _leave_idle(cluster: ClusterSpec, used: ClusterSpec, plans: list[Plan]) -> dict[str, Any]:
+    """Plans costed on ``used``, a part of ``cluster`` (``ClusterSpec.with_devices``): each says in its
+    ``predicted`` how many of the cluster's devices it takes (``devices_used``, ``devices_idle``,
+    ``idle_note``). Returns the search stats that say the same (``devices_used``, ``nodes_used``, ``note``,
+    as ``search_allowing_idle_nodes`` writes them); nothing when ``used`` is all of ``cluster``."""
+    if used.num_devices == cluster.num_devices:
+        return {}
+    idle = cluster.num_devices - used.num_devices
+    where = (
+        f"{used.num_nodes} of its {cluster.num_nodes} nodes"
+        if used.devices_per_node == cluster.devices_per_node
+        else "part of one node"
+    )
+    note = (
+        f"uses {used.num_devices} of the cluster's {cluster.num_devices} devices ({where}); the other {idle} "
+        f"{'stays' if idle == 1 else 'stay'} idle (not costed, not in the predicted energy)"
+    )
+    for plan in plans:
+        plan.predicted.update(devices_used=used.num_devices, devices_idle=idle, idle_note=note)
+    return {"devices_used": used.num_devices, "nodes_used": used.num_nodes, "note": note}
 
 
 def _with_stage_split(model: ModelSpec, s: Strategy, pinned: tuple[int, ...] | None) -> Strategy:
@@ -374,9 +537,15 @@ def _with_stage_split(model: ModelSpec, s: Strategy, pinned: tuple[int, ...] | N
 
 
 def _plans(
-    cm: CostModel, flat: Layouts, baseline: float | None, order: str, pinned: tuple[int, ...] | None = None
+    cm: CostModel,
+    flat: Layouts,
+    baseline: float | None,
+    order: str,
+    pinned: tuple[int, ...] | None = None,
+    scaling_note: str = SCALING_SKIPPED,
 ) -> list[Plan]:
-    """Full plans for a (short) flat list of layouts (``pinned``: the search's fixed layers_per_stage)."""
+    """Full plans for a (short) flat list of layouts (``pinned``: the search's fixed layers_per_stage;
+    ``scaling_note``: why scaling_efficiency is null when ``baseline`` is None)."""
     mem = cm.memory(flat)
     tm = cm.timing(flat)
     th = cm.throughput(flat, tm)
@@ -392,7 +561,7 @@ def _plans(
                 f"needs {total / GiB:.1f} GiB per device; the device has {cm.cluster.device.memory_GiB:g} GiB"
             )
         )
-        predicted = _predicted(cm, i, mem, tm, th, baseline)
+        predicted = _predicted(cm, i, mem, tm, th, baseline, scaling_note)
         # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
         predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
         strategy = _with_stage_split(cm.model, flat.strategy(i, order), pinned)
@@ -470,9 +639,18 @@ class _Scan:
         self.feasible = 0
         self.memory_rejected = 0
         self.lowest_rejected: float | None = None
+        # layouts a user constraint rejected (name -> count) and the least each rejected one asked for
+        self.constraint_rejected: Counter = Counter()
+        self.constraint_lowest: dict[str, float] = {}
         self.cancelled = False
-        self.best_step = np.inf
+        self.best_key = (np.inf, np.inf)
         self.best_plan: dict | None = None
+
+    def reject(self, name: str, values: np.ndarray) -> None:
+        """Count layouts the user constraint ``name`` rejected (``values``: what each of them needs)."""
+        self.constraint_rejected[name] += len(values)
+        low = float(values.min())
+        self.constraint_lowest[name] = min(self.constraint_lowest.get(name, low), low)
 
     def joined(self) -> tuple[Layouts, dict[str, np.ndarray]]:
         names = [name for name, _a in self.parts[0][0].arrays()]
@@ -489,8 +667,11 @@ def _scan(
     progress=None,
     should_stop=None,
     memory_only: bool = False,
+    ranking: Ranking = THROUGHPUT,
 ) -> _Scan:
-    """Memory for every layout of the grid, time for those that fit, in chunks of base rows."""
+    """Memory for every layout of the grid, time for those that fit, in chunks of base rows; the
+    ``ranking``'s limits reject layouts after the device's own memory (the memory limit before costing,
+    the bubble limit after), and its key picks the best so far that ``progress`` reports."""
     scan = _Scan()
     if not len(base):
         return scan
@@ -511,6 +692,11 @@ def _scan(
             scan.memory_rejected += int(bad.sum())
             low = float(total[bad].min())
             scan.lowest_rejected = low if scan.lowest_rejected is None else min(scan.lowest_rejected, low)
+        if ranking.max_memory_bytes is not None:
+            over = ok & (total > ranking.max_memory_bytes)
+            if over.any():
+                scan.reject("max_memory_GiB_per_device", total[over] / GiB)
+                ok = ok & ~over
         rows_ok = ok.reshape(len(chunk), -1).any(axis=1)
         if memory_only:
             scan.feasible += int(ok.sum())
@@ -520,17 +706,29 @@ def _scan(
             tm = cm.timing(sub)
             idx = np.nonzero(ok_sub)
             shape = ok_sub.shape
-            vals = {k: np.broadcast_to(tm[k], shape)[idx] for k in ("step", "volume", "exposed")}
+            vals = {
+                k: np.broadcast_to(tm[k], shape)[idx] for k in ("step", "volume", "exposed", *ranking.needs)
+            }
             vals["memory"] = total[rows_ok][idx]
             flat = sub.flat(idx)
-            scan.parts.append((flat, vals))
-            scan.feasible += len(vals["step"])
-            i = int(np.argmin(vals["step"]))
-            if vals["step"][i] < scan.best_step and progress is not None:
-                scan.best_step = float(vals["step"][i])
-                scan.best_plan = _plans(cm, flat.take([i]), None, fixed.order, fixed.layers_per_stage)[
-                    0
-                ].to_dict()
+            if ranking.max_bubble_fraction is not None:
+                share = vals["bubble"] / vals["step"]
+                over = share > ranking.max_bubble_fraction
+                if over.any():
+                    scan.reject("max_bubble_fraction", share[over])
+                    keep = np.nonzero(~over)[0]
+                    vals = {k: v[keep] for k, v in vals.items()}
+                    flat = flat.take(keep)
+            if len(vals["step"]):
+                scan.parts.append((flat, vals))
+                scan.feasible += len(vals["step"])
+            if progress is not None and len(vals["step"]):
+                key = ranking.key(vals, cm.memory_bytes - vals["memory"])
+                i = int(np.argmin(key))
+                if (key[i].real, key[i].imag) < scan.best_key:
+                    scan.best_key = (float(key[i].real), float(key[i].imag))
+                    best = _plans(cm, flat.take([i]), None, fixed.order, fixed.layers_per_stage)[0]
+                    scan.best_plan = best.to_dict()
         if progress is not None:
             progress(
                 scan.evaluated, scan.feasible, scan.best_plan, min(1.0, (start + len(chunk)) / len(base))
@@ -645,6 +843,35 @@ def _batch_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingCon
     )
 
 
+def _constraint_message(scan: _Scan, constraints: dict[str, float]) -> str:
+    """When the user's limits rejected every layout that fits the device: which limit rejected how many,
+    the least a layout needs, and what to relax (one " — " before the change, as ``_tightest``)."""
+    whys, changes = [], []
+    if n := scan.constraint_rejected.get("max_memory_GiB_per_device"):
+        limit, low = (
+            constraints["max_memory_GiB_per_device"],
+            scan.constraint_lowest["max_memory_GiB_per_device"],
+        )
+        whys.append(
+            f"max_memory_GiB_per_device = {limit:g} rejected {n:,} layouts that fit the device "
+            f"(the leanest needs {low:.2f} GiB per device)"
+        )
+        changes.append(
+            f"raise max_memory_GiB_per_device to at least {math.ceil(low * 100) / 100:g} GiB (or add nodes)"
+        )
+    if n := scan.constraint_rejected.get("max_bubble_fraction"):
+        limit, low = constraints["max_bubble_fraction"], scan.constraint_lowest["max_bubble_fraction"]
+        whys.append(
+            f"max_bubble_fraction = {limit:g} rejected {n:,} layouts that fit in memory "
+            f"(the smallest predicted bubble is {low:.3f})"
+        )
+        changes.append(
+            f"raise max_bubble_fraction to at least {math.ceil(low * 1000) / 1000:g}, or pin pp to fewer "
+            "stages"
+        )
+    return "; ".join(whys) + " — " + ", or ".join(changes)
+
+
 def _tightest(cm: CostModel, lowest: float | None, rejected: Counter, fixed: Strategy) -> str:
     """The message a user gets when nothing fits."""
     if lowest is not None:
@@ -674,8 +901,10 @@ def search(
     efficiency: Efficiency | None = None,
     scaling: bool = True,
     raise_if_empty: bool = False,
+    objective: str = "throughput",
+    constraints: dict | None = None,
 ) -> SearchResult:
-    """Find the fastest layouts that fit.
+    """Find the best layouts that fit: the fastest, or the best by ``objective``.
 
     ``fixed`` pins any subset of strategy fields (None/absent = search it); with every field pinned the
     result holds exactly that plan ("what-if"). ``progress(evaluated, feasible, best_plan_dict, fraction)``
@@ -683,8 +912,17 @@ def search(
     search early with ``stats['cancelled'] = True`` (the result holds what was found so far). When
     nothing fits the result has ``best=None`` and ``stats['tightest']`` names the tightest constraint;
     with ``raise_if_empty=True`` :class:`NothingFits` is raised instead.
+
+    ``objective`` (:data:`OBJECTIVES`) orders ``top`` and picks ``best``: ``throughput`` (tokens/s),
+    ``memory_headroom`` (free memory per device), ``communication_volume`` (bytes per device per step,
+    least first) or ``energy`` (tokens per kWh); ties go to throughput. ``constraints`` (:data:`CONSTRAINTS`)
+    reject layouts above ``max_memory_GiB_per_device`` or ``max_bubble_fraction``, counted in
+    ``stats['rejected']`` like the device's own limits. A bad value raises :class:`SpecError` (a
+    ValueError) naming the field; ``stats`` echoes both.
     """
     started = time.perf_counter()
+    objective, constraints = checked_ranking(objective, constraints, cluster)
+    ranking = Ranking.of(objective, constraints, cluster)
     if fixed is None:
         fixed = Strategy()
     elif isinstance(fixed, dict):
@@ -692,6 +930,10 @@ def search(
             fixed = Strategy.from_dict(fixed)
         except SpecError as exc:
             raise exc.prefixed("strategy") from None
+    whole = cluster
+    degrees = (fixed.tp, fixed.pp, fixed.dp, fixed.cp)
+    if None not in degrees and not cluster.devices_problem(math.prod(degrees)):
+        cluster = cluster.with_devices(math.prod(degrees))  # the devices the pinned degrees take
     if fixed.is_complete:
         errors = layout_errors(model, cluster, training, fixed)
         if errors:
@@ -700,19 +942,29 @@ def search(
         raise SpecError(errors)
     cm = _cost_model(model, cluster, training, fixed.order, efficiency)
     base, extras, rejected = enumerate_layouts(model, cluster, training, fixed)
-    scan = _scan(cm, base, extras, fixed, progress, should_stop)
+    scan = _scan(cm, base, extras, fixed, progress, should_stop, ranking=ranking)
     if scan.memory_rejected:
         rejected[R_MEM] += scan.memory_rejected
+    for name, n in scan.constraint_rejected.items():
+        rejected[_constraint_reason(name, constraints[name])] += n
     stats: dict[str, Any] = {
         "evaluated": scan.evaluated,
         "feasible": scan.feasible,
         "rejected": dict(sorted(rejected.items(), key=lambda kv: -kv[1])),
         "seconds": 0.0,
         "cancelled": scan.cancelled,
+        "objective": objective,
+        "constraints": constraints,
     }
+    if scan.constraint_rejected:
+        stats["constraint_rejected"] = dict(scan.constraint_rejected)
     if not scan.feasible:
-        stats["tightest"] = _tightest(cm, scan.lowest_rejected, rejected, fixed)
+        if scan.constraint_rejected:
+            stats["tightest"] = _constraint_message(scan, constraints)
+        else:
+            stats["tightest"] = _tightest(cm, scan.lowest_rejected, rejected, fixed)
         stats["seconds"] = round(time.perf_counter() - started, 3)
+        stats.update(_leave_idle(whole, cluster, []))
         if raise_if_empty:
             raise NothingFits(stats["tightest"], stats["rejected"], stats)
         return SearchResult(best=None, top=[], pareto=[], stats=stats)
@@ -721,8 +973,9 @@ def search(
     step = vals["step"]
     tokens = training.global_batch_size * model.seq_length / step
     headroom = cm.memory_bytes - vals["memory"]
-    # fastest first; among equally fast layouts (to 1 ns), the one with more memory headroom
-    rank_key = np.round(step, 9) - 1j * headroom
+    # best by the objective first (throughput: fastest first; among equally fast layouts, to 1 ns, the one
+    # with more memory headroom); ties of any other objective go to the faster layout
+    rank_key = ranking.key(vals, headroom)
     k = min(len(step), max(1, top_k))
     top_idx = np.argpartition(rank_key.real, k - 1)[:k] if k < len(step) else np.arange(len(step))
     tie = rank_key.real <= rank_key.real[top_idx].max()
@@ -738,13 +991,21 @@ def search(
     plans = dict(
         zip(
             wanted.tolist(),
-            _plans(cm, flat.take(wanted), baseline, fixed.order, fixed.layers_per_stage),
+            _plans(
+                cm,
+                flat.take(wanted),
+                baseline,
+                fixed.order,
+                fixed.layers_per_stage,
+                scaling_note=SCALING_NO_BASELINE if scaling else SCALING_SKIPPED,
+            ),
             strict=True,
         )
     )
     top = [plans[int(i)] for i in top_idx]
     pareto = [plans[int(i)] for i in pareto_idx[:PARETO_CAP]]
     stats["pareto_size"] = int(len(pareto_idx))
+    stats.update(_leave_idle(whole, cluster, list(plans.values())))
     stats["seconds"] = round(time.perf_counter() - started, 3)
     if progress is not None:
         progress(scan.evaluated, scan.feasible, top[0].to_dict(), 1.0)
@@ -810,7 +1071,8 @@ def search_allowing_idle_nodes(
     ``stats['note']`` and ``stats['nodes_used']``: a real run would leave the other nodes idle. Returns the
     result and the cluster it was found on. ``progress`` is reported for the full-cluster search only."""
     result = search(model, cluster, training, **kwargs)
-    if result.best is not None or result.stats.get("cancelled"):
+    # the user's own limits rejected layouts that use every node: fewer nodes would not be the answer
+    if result.best is not None or result.stats.get("cancelled") or result.stats.get("constraint_rejected"):
         return result, cluster
     kwargs.pop("progress", None)
     full = cluster.num_nodes

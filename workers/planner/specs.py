@@ -568,6 +568,34 @@ class ClusterSpec:
         """The same cluster cut down (or grown) to ``num_nodes`` nodes."""
         return dataclasses.replace(self, num_nodes=num_nodes, name=f"{self.name}[{num_nodes} nodes]")
 
+    def devices_problem(self, devices: int) -> str | None:
+        """Why a layout of ``devices`` ranks cannot run on this cluster; None when it can: on every device,
+        on part of one node (at most ``devices_per_node``) or on whole nodes (a multiple of it), the other
+        devices staying idle."""
+        n, per_node = self.num_devices, self.devices_per_node
+        if devices == n or (0 < devices < n and (devices <= per_node or devices % per_node == 0)):
+            return None
+        if devices > n:
+            return f"needs {devices} devices; the cluster has {n} ({self.num_nodes} x {per_node})"
+        return (
+            f"{devices} devices are neither part of one node (at most {per_node}) nor whole nodes (a multiple "
+            f"of {per_node}) of the cluster's {n}"
+        )
+
+    def with_devices(self, devices: int) -> ClusterSpec:
+        """The part of this cluster a layout of ``devices`` ranks runs on: this cluster when it takes every
+        device, else part of one node or whole nodes (:meth:`devices_problem`; a ``SpecError`` on
+        ``devices`` when it is neither)."""
+        if problem := self.devices_problem(devices):
+            raise SpecError("devices", problem)
+        if devices == self.num_devices:
+            return self
+        if devices % self.devices_per_node == 0:
+            return self.with_nodes(devices // self.devices_per_node)
+        return dataclasses.replace(
+            self, num_nodes=1, devices_per_node=devices, name=f"{self.name}[{devices} devices]"
+        )
+
 
 @dataclass(frozen=True)
 class TrainingConfig:

@@ -12,6 +12,7 @@ page only plots what these functions return.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -482,6 +483,13 @@ def step_time_breakdown(predicted: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _devices_taken(cluster: ClusterSpec, strategy: Strategy) -> ClusterSpec:
+    """The part of ``cluster`` a plan's layout takes (all of it, part of one node or whole nodes; the rest
+    stay idle, ``ClusterSpec.with_devices``); ``cluster`` itself when the layout cannot run on it."""
+    world = math.prod(int(getattr(strategy, k) or 1) for k in ("tp", "cp", "dp", "pp"))
+    return cluster if cluster.devices_problem(world) else cluster.with_devices(world)
+
+
 def plan_visuals(
     model: ModelSpec | dict,
     cluster: ClusterSpec | dict,
@@ -566,7 +574,7 @@ def plan_visuals(
     }
     return {
         "schedule": schedule,
-        "placement": placement_map(cluster, strategy, max_nodes=max_nodes),
+        "placement": placement_map(_devices_taken(cluster, strategy), strategy, max_nodes=max_nodes),
         **plan_breakdown(pred, cluster.device.memory_GiB),
     }
 

@@ -11,7 +11,7 @@ import {
 } from "./common.js";
 import {
   diffTable, drawDiff, drawDiffCharts, drawMeasured, drawMemory, drawPareto, drawPlacement, drawSchedule,
-  drawStepTime, drawWhatIf, memoryOf, sameStrategy, stepOf, strategyText,
+  drawStepTime, drawWhatIf, memoryOf, sameStrategy, scalingText, stepOf, strategyText,
 } from "./visualizer_charts.js";
 
 const TERMINAL = ["succeeded", "failed", "cancelled"];
@@ -162,7 +162,8 @@ export function initSearchPage() {
         h("b", {}, label), ": ", strategyText(plan.strategy), h("br"),
         `${num(p.tokens_per_s)} tokens/s · step ${secs(p.step_time_s)} · MFU ${pct(p.mfu)} · ` +
         `${formatGiB(p.memory_GiB_per_device.total, 1)}/device · bubble ${pct(p.bubble_fraction)} · ` +
-        `exposed comm ${secs(p.exposed_comm_s)}` +
+        `exposed comm ${secs(p.exposed_comm_s)} · scaling efficiency ${scalingText(p)}` +
+        (p.idle_note ? ` · ${p.idle_note}` : "") +
         (p.energy?.tokens_per_kwh != null ? ` · ${num(p.energy.tokens_per_kwh)} tokens/kWh, ` +
           `${num(p.energy.watts_per_device)} W/device (predicted)` : "") +
         (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),

@@ -365,6 +365,12 @@ const FIGURES = [["step_time_s", "step time (s)", 3], ["tokens_per_s", "tokens/s
 
 function dig(obj, path) { return path.split(".").reduce((o, k) => (o == null ? undefined : o[k]), obj); }
 
+// a plan's scaling efficiency, or "not computed" (null: its baseline was never costed; never shown as 1.000)
+export function scalingText(predicted) {
+  const s = predicted?.scaling_efficiency;
+  return s == null ? "not computed" : num(s, 3);
+}
+
 export function diffTable(a, b, labels = ["A", "B"]) {
   const rows = [];
   const row = (name, va, vb, fa, fb, field) => {
@@ -381,9 +387,11 @@ export function diffTable(a, b, labels = ["A", "B"]) {
   rows.push(h("tr", { class: "section" }, h("th", { colspan: 3 }, "predicted")));
   for (const [path, name, d] of FIGURES) {
     const va = dig(a.predicted, path), vb = dig(b.predicted, path);
-    if (va == null && vb == null) continue;
+    if (va === undefined && vb === undefined) continue;
+    // null: the planner did not compute it (e.g. scaling efficiency without its baseline)
+    const shown = (v) => (v === null ? "not computed" : num(v, d));
     row(name, va == null ? "" : Number(va).toFixed(d), vb == null ? "" : Number(vb).toFixed(d),
-        num(va, d), num(vb, d), `predicted.${path}`);
+        shown(va), shown(vb), `predicted.${path}`);
   }
   if (a.measured || b.measured) {
     rows.push(h("tr", { class: "section" }, h("th", { colspan: 3 }, "measured")));
