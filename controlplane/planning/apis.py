@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.accounts.selectors import scoped
+from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
 from controlplane.common.api import (
     ID_PATTERN,
@@ -277,7 +277,11 @@ class PlanSerializer(TeamOwnedSerializer):
         model = checked("model", attrs.get("model_doc"), "model")
         cluster = checked("cluster", attrs.get("cluster_doc"), "cluster")
         training = checked("training", attrs.get("training") or {}, "training")
-        plan = evaluated(model, cluster, training, attrs.get("strategy"))
+        team = attrs.get("team") or getattr(self.instance, "team", None)
+        expert_load = selectors.measured_expert_load(
+            teams=[team] if team else [], model_doc=attrs.get("model_doc")
+        )
+        plan = evaluated(model, cluster, training, attrs.get("strategy"), expert_load=expert_load)
         if attrs.get("source", StoredPlan.Source.IMPORTED) == StoredPlan.Source.SEARCH:
             raise serializers.ValidationError({"source": ["imported plans are 'imported' or 'measured'"]})
         attrs.setdefault("source", StoredPlan.Source.IMPORTED)
@@ -361,7 +365,10 @@ class EvaluateSerializer(serializers.Serializer):
 
     def validate(self, attrs):
         scenario = {kind: checked(kind, attrs[kind], kind) for kind in ("model", "cluster", "training")}
-        return {**scenario, "strategy": attrs["strategy"]}
+        # an MoE model the user's teams trained before: the expert load their runs measured
+        teams = teams_of(self.context["request"].user) if "request" in self.context else []
+        expert_load = selectors.measured_expert_load(teams=teams, model_doc=attrs["model"])
+        return {**scenario, "strategy": attrs["strategy"], "expert_load": expert_load}
 
 
 class EvaluationSerializer(serializers.Serializer):
@@ -374,7 +381,7 @@ class EvaluateApi(APIView):
 
     @extend_schema(request=EvaluateSerializer, responses={200: EvaluationSerializer})
     def post(self, request):
-        data = EvaluateSerializer(data=request.data)
+        data = EvaluateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
         evaluation = selectors.strategy_evaluation(**data.validated_data)
         return Response(EvaluationSerializer(evaluation).data)

@@ -46,11 +46,16 @@ def params_billion(model_doc: dict) -> float:
     return float(checked("model", model_doc).parameter_count()["total"]) / 1e9
 
 
-def evaluated(model, cluster, training, strategy_doc) -> planner.Plan:
-    """Cost one complete strategy with the planner; a broken rule is a 400 on ``strategy.<field>``."""
+def evaluated(model, cluster, training, strategy_doc, expert_load=None) -> planner.Plan:
+    """Cost one complete strategy with the planner; a broken rule is a 400 on ``strategy.<field>``.
+    ``expert_load``: the MoE expert load measured by past runs (``selectors.measured_expert_load``)."""
     try:
         return planner.evaluate(
-            model, cluster, training, planner.Strategy.from_dict(strategy_doc, partial=False)
+            model,
+            cluster,
+            training,
+            planner.Strategy.from_dict(strategy_doc, partial=False),
+            expert_load=expert_load,
         )
     except planner.SpecError as exc:
         raise ValidationError(

@@ -131,18 +131,64 @@ def plan_visuals_or_none(documents: Mapping, plan: dict) -> dict | None:
     return plan_visuals(documents["model"], documents["cluster"], documents["training"], plan)
 
 
+# the latest this many matching runs make the measured expert load (older ones trained older routers)
+EXPERT_LOAD_RUNS = 20
+
+
+def measured_expert_load(*, teams, model_doc: dict | None) -> planner.MeasuredExpertLoad | None:
+    """The per-expert load the latest succeeded jobs of ``teams`` (a team or several) measured for this MoE
+    model: jobs whose model.json has the same ``name`` and ``moe.num_experts`` and whose run summary holds
+    an ``expert_load`` of that many shares; their mean, for the planner's measured routing. None for a
+    dense or unnamed model, or when no such job ran (the planner then assumes uniform routing)."""
+    from controlplane.common.models import JobState
+    from controlplane.jobs.models import TrainingJob
+    from workers.planner.moe import mean_measured_load
+
+    moe = (model_doc or {}).get("moe") or {}
+    name, experts = (model_doc or {}).get("name"), moe.get("num_experts")
+    if not name or not experts:
+        return None
+    teams = [teams] if hasattr(teams, "pk") else teams
+    jobs = (
+        TrainingJob.objects.filter(
+            team__in=teams, state=JobState.SUCCEEDED, config__model__name=name, measured__isnull=False
+        )
+        .order_by("-finished_at", "-pk")
+        .only("pk", "config", "measured")
+    )
+    runs = []
+    for job in jobs.iterator():
+        load = (job.measured or {}).get("expert_load")
+        job_moe = ((job.config or {}).get("model") or {}).get("moe") or {}
+        if job_moe.get("num_experts") == experts and isinstance(load, list) and len(load) == experts:
+            runs.append((job.pk, load))
+            if len(runs) == EXPERT_LOAD_RUNS:
+                break
+    mean = mean_measured_load([load for _pk, load in runs], experts)
+    if mean is None:
+        return None
+    ids = ", ".join(f"#{pk}" for pk, _load in runs)
+    return planner.MeasuredExpertLoad(
+        load=mean,
+        runs=len(runs),
+        source=f"expert_load of succeeded job{'s' if len(runs) > 1 else ''} {ids} ({name!r}, {experts} experts)",
+    )
+
+
 def strategy_evaluation(
     *,
     model: planner.ModelSpec,
     cluster: planner.ClusterSpec,
     training: planner.TrainingConfig,
     strategy: dict,
+    expert_load: planner.MeasuredExpertLoad | None = None,
 ) -> dict:
     """What-if: cost one complete strategy on a scenario. ``{"plan": plan.json + breakdown, "visuals"}``;
-    a strategy the scenario cannot take is a 400 on ``strategy.<field>``."""
+    a strategy the scenario cannot take is a 400 on ``strategy.<field>``. ``expert_load``: see
+    :func:`measured_expert_load`."""
     from workers.planner.visual import plan_breakdown
 
-    plan = evaluated(model, cluster, training, strategy).to_dict()
+    plan = evaluated(model, cluster, training, strategy, expert_load=expert_load).to_dict()
     plan["breakdown"] = plan_breakdown(plan.get("predicted"), cluster.device.memory_GiB)
     scenario = {"model": model, "cluster": cluster, "training": training}
     return {"plan": plan, "visuals": plan_visuals_or_none(scenario, plan)}

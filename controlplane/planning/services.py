@@ -19,7 +19,7 @@ from controlplane.common.models import JobState
 from controlplane.live.services import publish, publish_after_commit
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import checked, checked_ranking, evaluated, plan_row_fields
-from controlplane.planning.selectors import plan_document, similar_plans
+from controlplane.planning.selectors import measured_expert_load, plan_document, similar_plans
 from controlplane.planning.tasks import run_search
 from workers import planner
 from workers.planner.search import search_allowing_idle_nodes, without_nodes
@@ -170,7 +170,7 @@ def _plan_row(
     )
 
 
-def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dict | None:
+def _reevaluate_similar(search: StrategySearch, model, cluster, training, expert_load=None) -> dict | None:
     """Warm start: cost each similar stored plan's strategy on this scenario (where its degrees fit this
     cluster: all of its devices, or part of them with the rest idle, which the re-evaluated plan says).
     Returns the best of those that take every device as a first best-so-far. Costed without the scaling
@@ -182,7 +182,12 @@ def _reevaluate_similar(search: StrategySearch, model, cluster, training) -> dic
         entry = dict(entry)
         try:
             plan = planner.evaluate(
-                model, cluster, training, planner.Strategy.from_dict(strategy), scaling=False
+                model,
+                cluster,
+                training,
+                planner.Strategy.from_dict(strategy),
+                scaling=False,
+                expert_load=expert_load,
             )
             entry["reevaluated"] = plan.to_dict()
             # the first best-so-far of a search over every device: not a plan that leaves some idle
@@ -266,7 +271,9 @@ def _search_run(search: StrategySearch) -> str:
     model = planner.ModelSpec.from_dict(req["model"])
     cluster = planner.ClusterSpec.from_dict(req["cluster"])
     training = planner.TrainingConfig.from_dict(req["training"])
-    warm = _reevaluate_similar(search, model, cluster, training)
+    # an MoE model this team trained before: the expert load its runs measured replaces uniform routing
+    expert_load = measured_expert_load(teams=search.team, model_doc=req["model"])
+    warm = _reevaluate_similar(search, model, cluster, training, expert_load)
     similar = search.similar_plans
     if warm is not None:
         publish(
@@ -304,6 +311,7 @@ def _search_run(search: StrategySearch) -> str:
         "constraints": req.get("constraints") or None,
         "progress": progress,
         "should_stop": should_stop,
+        "expert_load": expert_load,
     }
     if req.get("allow_fewer_nodes"):
         result, cluster = search_allowing_idle_nodes(model, cluster, training, **options)
@@ -371,7 +379,8 @@ def plan_save_from_search(*, search: StrategySearch, strategy: dict) -> tuple[St
     model = checked("model", search.request["model"], "model")
     cluster = checked("cluster", search.request["cluster"], "cluster")
     training = checked("training", search.request["training"], "training")
-    plan = evaluated(model, cluster, training, strategy)
+    expert_load = measured_expert_load(teams=search.team, model_doc=search.request["model"])
+    plan = evaluated(model, cluster, training, strategy, expert_load=expert_load)
     wanted = plan.strategy.to_dict()
     for stored in search.plans.all():
         if stored.strategy == wanted:

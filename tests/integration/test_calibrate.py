@@ -30,6 +30,18 @@ def test_calibrate_writes_a_measured_profile_the_planner_uses(tmp_path):
     link = profile["measured"]["allreduce"]
     assert link["bus_bandwidth_GBps"] > 0 and link["latency_us"] > 0
     assert all("measured by `cann-train calibrate`" in profile["sources"][k] for k in ("peak_tflops.fp32",))
+    # the runtime's own host-side costs, each with how it was measured (hardware.Framework reads them)
+    from workers.planner.hardware import Framework
+
+    host = profile["framework"]
+    assert (
+        host["layer_pass_s"]["value"] > 0 and host["tp_layer_pass_s"]["value"] > host["layer_pass_s"]["value"]
+    )
+    assert host["step_collective_s"]["value"] > 0 and host["compute_scale"]["value"] > 0
+    assert all(
+        "measured by `cann-train calibrate`" in v["source"] and "probe" in v["source"] for v in host.values()
+    )
+    assert Framework.from_profile(profile).measured
     cluster = ClusterSpec.from_dict(json.loads((tmp_path / "cluster-cpu.json").read_text()))
     result = search(
         ModelSpec.from_dict(TINY),

@@ -16,6 +16,7 @@ constraint) when nothing fits; it never imports Django or torch.
 
 from .costmodel import CostModel, Layouts
 from .hardware import Efficiency, efficiency_for
+from .moe import MeasuredExpertLoad, expected_imbalance
 from .plan import NothingFits, Plan, SearchResult
 from .search import evaluate, search
 from .specs import (
@@ -38,6 +39,7 @@ __all__ = [
     "Efficiency",
     "Layouts",
     "LinkSpec",
+    "MeasuredExpertLoad",
     "MoESpec",
     "ModelSpec",
     "NothingFits",
@@ -49,6 +51,7 @@ __all__ = [
     "TrainingConfig",
     "efficiency_for",
     "evaluate",
+    "expected_imbalance",
     "search",
     "strategy_short_name",
 ]

@@ -149,7 +149,7 @@ PROBE_MODEL = {
     "moe": None,
 }
 PROBE_LAYERS = (1, 3)  # the per-layer cost is the slope between these, the rest the intercept
-PROBE_BATCHES = (1, 16)  # ... at two batch sizes: the per-pass cost at 0 tokens, and the cost per token
+PROBE_BATCHES = (1, 32)  # ... at two batch sizes: the per-pass cost at 0 tokens, and the cost per token
 
 
 def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: str) -> None:
@@ -164,29 +164,37 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
 
     from workers.planner.specs import ModelSpec
     from workers.training.model import Transformer
+    from workers.training.parallel.data_parallel import apply_ddp
     from workers.training.parallel.tensor import apply_tp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
 
-    def timed(fn, n: int) -> float:
+    def timed(fn, n: int, setup=None) -> float:
+        """Median seconds of ``fn``, each sample after an untimed ``setup``."""
         for _ in range(3):
+            if setup is not None:
+                setup()
             fn()
         dist.barrier()
         samples = []
         for _ in range(n):
+            if setup is not None:
+                setup()
             t0 = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - t0)
         return statistics.median(samples)
 
     results: dict[str, float] = {}
-    for kind in ("plain", "tp"):
+    for kind in ("plain", "tp", "ddp"):
         for layers in PROBE_LAYERS:
             model = Transformer.build(ModelSpec.from_dict({**PROBE_MODEL, "num_layers": layers}), 0)
             if kind == "tp":
                 apply_tp(model, mesh, True)
+            elif kind == "ddp":  # the runtime's DDP wrapper (zero_stage 0): its autograd hooks and buckets
+                model, _state = apply_ddp(model, dist.group.WORLD, torch.device("cpu"), [], None, None)
             params = list(model.parameters())
             optimizer = torch.optim.AdamW(params, lr=1e-3)
 
@@ -206,11 +214,10 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
 
             for batch in PROBE_BATCHES:
                 results[f"{kind}_pass_b{batch}_{layers}"] = timed(lambda b=batch: passes(batch=b), repeat)
-            # the step's work after a backward, as in training (fresh gradients, the allocator's state)
-            both = timed(lambda: (passes(batch=PROBE_BATCHES[0]), step_work()), repeat)
-            results[f"{kind}_step_{layers}"] = max(
-                both - results[f"{kind}_pass_b{PROBE_BATCHES[0]}_{layers}"], 0.0
-            )
+            if kind == "ddp":
+                continue  # its step is the plain one
+            # the step's work after an untimed backward, as in training (fresh gradients)
+            results[f"{kind}_step_{layers}"] = timed(step_work, repeat, setup=passes)
     small = torch.zeros(5, dtype=torch.float64)
     results["step_collective"] = timed(lambda: dist.all_reduce(small), 2 * repeat)
     dist.barrier()
@@ -247,7 +254,8 @@ def measure_framework(repeat: int) -> dict[str, Any]:
         return max(l1 - b1 * per_batch, 0.0), max(e1 - b1 * (e2 - e1) / (b2 - b1), 0.0), per_batch
 
     layer, edge, per_batch = at_zero_tokens("plain")
-    tp_layer, tp_edge, tp_per_batch = at_zero_tokens("tp")
+    tp_layer, tp_edge, _tp_per_batch = at_zero_tokens("tp")
+    dp_layer, _dp_edge, _dp_per_batch = at_zero_tokens("ddp")  # its rest holds the bucket all-reduce
     step_layer, step_fixed = line("plain_step")
     tp_step_layer, _tp_step_fixed = line("tp_step")
     return {
@@ -255,23 +263,22 @@ def measure_framework(repeat: int) -> dict[str, Any]:
         "edge_pass_s": edge,
         "tp_layer_pass_s": tp_layer,
         "tp_edge_pass_s": tp_edge,
+        "dp_layer_pass_s": dp_layer,
         "step_layer_s": step_layer,
         "tp_step_layer_s": tp_step_layer,
         "step_fixed_s": step_fixed,
         "step_collective_s": raw["step_collective"],
         "layer_s_per_sequence": per_batch,
-        "tp_layer_s_per_sequence": tp_per_batch,
         "raw_s": raw,
     }
 
 
 def compute_scales(framework: dict[str, Any], profile: dict[str, Any], cluster: dict[str, Any]) -> dict:
-    """``compute_scale`` and ``tp_compute_scale`` (``hardware.Framework``): the probe's measured seconds
-    per extra sequence per layer over what the cost model predicts for the same probe on this profile
-    (its compute; with tp, beside the modelled bandwidth share of the tp collectives, left unscaled)."""
-    import numpy as np
-
-    from .costmodel import CostModel, Layouts, all_reduce_time
+    """``compute_scale`` (``hardware.Framework``): the probe's measured seconds per extra sequence per layer
+    (plain, one rank) over what the cost model predicts for the same probe on this profile. With tp the
+    same slope is below the noise of its ~20 ms passes (DTensor's per-operator cost) and is not used:
+    tp layouts take this factor too."""
+    from .costmodel import CostModel, Layouts
     from .hardware import Efficiency, Framework
     from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
 
@@ -279,36 +286,26 @@ def compute_scales(framework: dict[str, Any], profile: dict[str, Any], cluster: 
     model = ModelSpec.from_dict({**PROBE_MODEL, "num_layers": 1})
     spec = ClusterSpec.from_dict(cluster)
 
-    def modelled(tp: int, batch: int) -> tuple[float, float]:
+    def modelled(batch: int) -> float:
         strategy = Strategy.from_dict(
-            {"tp": tp, "pp": 1, "dp": 1, "ep": 1, "cp": 1, "vpp": 1, "micro_batch_size": batch,
-             "recompute": "none", "zero_stage": 0, "sequence_parallel": tp > 1},
+            {"tp": 1, "pp": 1, "dp": 1, "ep": 1, "cp": 1, "vpp": 1, "micro_batch_size": batch,
+             "recompute": "none", "zero_stage": 0, "sequence_parallel": False},
             partial=False,
         )  # fmt: skip
         cm = CostModel(
             model,
-            spec.with_devices(tp) if hasattr(spec, "with_devices") and tp < spec.num_devices else spec,
+            spec.with_devices(1),
             TrainingConfig(global_batch_size=batch, dtype="fp32", optimizer="adamw"),
             Efficiency.from_profile(profile),
             framework=Framework(),
         )
         L = Layouts.from_strategies([strategy])
-        compute = float(cm.compute_times(L, cm._layer_gemm_times(L))["dense_layer"][0])
-        tp_bytes = cm.tokens_per_micro_batch(L) * model.hidden_size * cm.act_bytes
-        links = cm.links(L)["tp"]
-        bandwidth = 4.0 * (all_reduce_time(links, tp_bytes) - all_reduce_time(links, 0.0))
-        return compute, float(np.asarray(bandwidth).ravel()[0])
+        return float(cm.compute_times(L, cm._layer_gemm_times(L))["dense_layer"].ravel()[0])
 
-    scales = {}
-    for name, tp, key in (
-        ("compute_scale", 1, "layer_s_per_sequence"),
-        ("tp_compute_scale", 2, "tp_layer_s_per_sequence"),
-    ):
-        (c1, w1), (c2, w2) = modelled(tp, b1), modelled(tp, b2)
-        per_batch_model = (c2 - c1) / (b2 - b1)
-        measured = framework[key] - (w2 - w1) / (b2 - b1)
-        scales[name] = min(max(measured / per_batch_model, 0.1), 100.0) if per_batch_model > 0 else 1.0
-    return scales
+    per_batch_model = (modelled(b2) - modelled(b1)) / (b2 - b1)
+    measured = framework["layer_s_per_sequence"]
+    scale = min(max(measured / per_batch_model, 0.1), 100.0) if per_batch_model > 0 else 1.0
+    return {"compute_scale": scale}
 
 
 def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool = True):
@@ -378,6 +375,7 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
                 ("edge_pass_s", "forward + backward of embedding, norm, head and loss"),
                 ("tp_layer_pass_s", "forward + backward per layer, tp 2 + sequence parallel, collectives in"),
                 ("tp_edge_pass_s", "the same intercept with tp 2"),
+                ("dp_layer_pass_s", "forward + backward per layer under the runtime's DDP over the 2 ranks"),
                 ("step_layer_s", "float64 gradient norm + AdamW step, per layer"),
                 ("tp_step_layer_s", "the same on DTensor parameters, tp 2"),
                 ("step_fixed_s", "gradient norm + AdamW step of the rest"),
@@ -404,10 +402,9 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
     }
     if framework is not None:
         for name, value in compute_scales(framework, profile, cluster).items():
-            what = "tp 2 + sequence parallel, " if name.startswith("tp") else ""
             profile["framework"][name] = e(
                 value,
-                f"{how} ({what}measured seconds per extra sequence per layer / the cost model's for the probe)",
+                f"{how} (measured seconds per extra sequence per layer / the cost model's for the probe)",
             )
     out = Path(out_dir) if out_dir else calibration_dir()
     out.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ def register(subparsers) -> None:
         "--topology-aware", action="store_true", help="(default) cost groups on the links they cross"
     )
     p.add_argument(
-        "--moe-balancing", action="store_true", help="(default) scale EP traffic by load_imbalance"
+        "--moe-balancing", action="store_true", help="(default) scale EP traffic by the MoE imbalance"
     )
     p.set_defaults(func=run_strategy)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .hardware import Efficiency, Framework, framework_for
+from .moe import MeasuredExpertLoad, expected_imbalance
 from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig, stage_split_summary
 
 GiB = float(1 << 30)
@@ -321,6 +322,7 @@ class CostModel:
         eff: Efficiency,
         order: str = "tp-cp-ep-dp-pp",
         framework: Framework | None = None,
+        expert_load: MeasuredExpertLoad | None = None,
     ):
         self.model, self.cluster, self.training, self.eff, self.order = model, cluster, training, eff, order
         # the runtime's host-side costs (hardware.Framework): measured by `cann-train calibrate` for this
@@ -346,13 +348,64 @@ class CostModel:
         self.params = m.parameter_count()
         self.n_moe = m.num_moe_layers
         self.n_dense = m.num_layers - self.n_moe
+        # measured per-expert load of past runs (moe.MeasuredExpertLoad): replaces uniform routing in
+        # moe_load; ignored when the model document gives load_imbalance, or when its expert count differs
         moe = m.moe
-        if moe is not None:
+        fits = moe is not None and expert_load is not None and len(expert_load.load) == moe.num_experts
+        self.expert_load = expert_load if fits else None
+
+    def moe_load(self, L: Layouts) -> np.ndarray:
+        """Busiest expert-parallel rank's routed tokens / the mean, per layout (1.0 for a dense model): the
+        model document's ``load_imbalance`` when it gives one, else
+        :func:`~workers.planner.moe.expected_imbalance` of the layout's ``ep`` and tokens per micro-batch
+        (measured routing when ``expert_load`` was given), capped by the capacity factor either way."""
+        moe = self.model.moe
+        if moe is None:
+            return np.ones(np.broadcast_shapes(L.ep.shape, L.mbs.shape, L.cp.shape))
+        if moe.load_imbalance is not None:
             imb = moe.load_imbalance
             # tokens above capacity are dropped, so the busiest rank never gets more than cf x its share
-            self.moe_load = min(imb, moe.capacity_factor) if moe.capacity_factor else imb
-        else:
-            self.moe_load = 1.0
+            given = min(imb, moe.capacity_factor) if moe.capacity_factor else imb
+            return np.full(np.broadcast_shapes(L.ep.shape, L.mbs.shape, L.cp.shape), float(given))
+        return expected_imbalance(
+            L.ep,
+            moe.num_experts,
+            moe.top_k,
+            self.tokens_per_micro_batch(L),
+            measured_load=self.expert_load.load if self.expert_load is not None else None,
+            capacity_factor=moe.capacity_factor,
+        )
+
+    def moe_imbalance_origin(self) -> dict[str, str] | None:
+        """How :meth:`moe_load` was found (``method``, ``source``) for a plan's ``moe_imbalance``; None for
+        a dense model."""
+        moe = self.model.moe
+        if moe is None:
+            return None
+        cap = ""
+        if moe.capacity_factor:
+            cap = f"; at most capacity_factor {moe.capacity_factor:g} (tokens above it are dropped)"
+        if moe.load_imbalance is not None:
+            ignored = ""
+            if self.expert_load is not None:
+                ignored = f"; it overrides the expert load measured in {self.expert_load.runs} runs"
+            return {
+                "method": "given in the model document",
+                "source": f"model.moe.load_imbalance = {moe.load_imbalance:g} (an explicit figure overrides "
+                f"the derived one{ignored}){cap}",
+            }
+        if self.expert_load is not None:
+            runs = self.expert_load.runs
+            return {
+                "method": f"measured in {runs} run{'s' if runs != 1 else ''}",
+                "source": f"{self.expert_load.source or 'measured expert_load'}: mean share per expert, "
+                f"contiguous experts per EP rank, plus sampling noise of the micro-batch's tokens{cap}",
+            }
+        return {
+            "method": "uniform routing",
+            "source": "expected busiest EP rank when every expert is equally likely: Gaussian approximation "
+            f"of the multinomial token counts over the EP group (workers/planner/moe.py){cap}",
+        }
 
     # ---------------------------------------------------------------- parameters and memory
     def stage_layers(self, L: Layouts) -> dict[str, np.ndarray]:
@@ -456,7 +509,7 @@ class CostModel:
         }
         if m.moe is not None:
             fe = m.moe.expert_ffn_hidden_size
-            routed = T * m.moe.top_k * self.moe_load
+            routed = T * m.moe.top_k * self.moe_load(L)
             expert_act = routed * (2 * h + (6.0 if self.mats == 3 else 4.0) * fe)
             shared_act = (6.0 if self.mats == 3 else 4.0) * T * fe * m.moe.num_shared_experts
             out["moe_split"] = (attn_split + expert_act + shared_act) * scale
@@ -602,7 +655,7 @@ class CostModel:
             E, fe = m.moe.num_experts, m.moe.expert_ffn_hidden_size
             local = E / L.ep
             # tokens one local expert sees on the busiest rank; expert tensor parallelism = tp
-            tok = T * m.moe.top_k * self.moe_load * L.ep / E
+            tok = T * m.moe.top_k * self.moe_load(L) * L.ep / E
             experts = gemm_time(eff, P, local, tok, (self.mats - 1) * fe / t, h) + gemm_time(
                 eff, P, local, tok, h, fe / t
             )
@@ -775,7 +828,7 @@ class CostModel:
 
     def framework_times(self, L: Layouts, tp_links: GroupLinks) -> dict[str, np.ndarray]:
         """The runtime's host-side seconds (:class:`~.hardware.Framework`, zeros when not measured): ``layer``
-        per layer and micro-batch (scaled by the layer's passes: a full recompute runs a fourth), ``edge``
+        per layer and micro-batch (scaled by the layer's passes: a recompute, full or selective, runs a fourth), ``edge``
         per micro-batch on the last stage (embedding, head, loss), ``step_layer`` per layer of the stage
         and ``step_fixed`` per step (gradient norm, optimizer loop, the step's small all-reduce), and
         ``tp_latency``: the start-up of the tp collectives of one layer and micro-batch, which the measured
@@ -788,17 +841,23 @@ class CostModel:
                 "compute_scale": zero + 1.0
             }
         tp_on = L.tp > 1
-        full, _sel = _recompute_flags(L)
+        full, sel = _recompute_flags(L)
+        # host-side, selective recompute costs what full does: the runtime's op-level policy
+        # (training/parallel/activation_checkpoint.py) re-runs every operator of the block but the matmuls,
+        # whose saved outputs it still dispatches for
+        host_passes = (3.0 + full + sel) / 3.0
         world = (L.tp * L.pp * L.dp * L.cp).astype(np.float64)
         # the start-up of one tp collective: an all-reduce of nothing; (4 + 2 full) of them per layer
         tp_latency = np.where(tp_on, (4.0 + 2.0 * full) * all_reduce_time(tp_links, 0.0), 0.0)
+        ddp_on = (L.dp * L.cp > 1) & (L.zero == 0) & ~tp_on  # the runtime's DDP wrapper
+        plain = np.where(ddp_on & (fw.dp_layer_pass_s > 0), fw.dp_layer_pass_s, fw.layer_pass_s)
         return {
-            "layer": np.where(tp_on, fw.tp_layer_pass_s, fw.layer_pass_s) * _layer_passes(L) / 3.0,
+            "layer": np.where(tp_on, fw.tp_layer_pass_s, plain) * host_passes,
             "edge": np.where(tp_on, fw.tp_edge_pass_s, fw.edge_pass_s) + zero,
             "step_layer": np.where(tp_on, fw.tp_step_layer_s, fw.step_layer_s) + zero,
             "step_fixed": fw.step_fixed_s + np.where(world > 1, fw.step_collective_s, 0.0),
             "tp_latency": tp_latency,
-            "compute_scale": np.where(tp_on, fw.tp_compute_scale, fw.compute_scale) + zero,
+            "compute_scale": fw.compute_scale + zero,
         }
 
     def tp_comm(self, L: Layouts, links: GroupLinks) -> dict[str, np.ndarray]:
@@ -844,9 +903,9 @@ class CostModel:
             return {"time": zero, "volume": zero}
         passes = _layer_passes(L)
         # EP: dispatch and combine all-to-all per MoE layer per pass, the busiest rank carrying
-        # load_imbalance x its share (Lepikhin et al. 2021, GShard §2)
+        # moe_load x its share (Lepikhin et al. 2021, GShard §2)
         ep_bytes = (
-            self.tokens_per_micro_batch(L) * m.moe.top_k * self.moe_load * m.hidden_size * self.act_bytes
+            self.tokens_per_micro_batch(L) * m.moe.top_k * self.moe_load(L) * m.hidden_size * self.act_bytes
         )
         return {
             "time": 2.0 * passes * all_to_all_time(links, ep_bytes),

@@ -79,6 +79,9 @@ class Framework:
     tp_layer_pass_s: float = 0.0
     """As ``layer_pass_s`` with tensor + sequence parallelism over 2 ranks (DTensor), its collectives in."""
     tp_edge_pass_s: float = 0.0
+    dp_layer_pass_s: float = 0.0
+    """As ``layer_pass_s`` under the runtime's DDP (zero_stage 0, tp 1, more than one replica): its
+    autograd hooks and bucketing; 0 = not measured, the plain figure serves."""
     step_layer_s: float = 0.0
     """The runtime's per-step work per layer: gradient norm, AdamW step (per-tensor loop)."""
     tp_step_layer_s: float = 0.0
@@ -89,9 +92,7 @@ class Framework:
     compute_scale: float = 1.0
     """Measured / modelled time per token of the probe's layer passes (the slope between two batch sizes,
     the per-pass cost above taken out): how far small tensors on this device fall short of the GEMM curve
-    and the streaming bandwidth the rest of the model assumes. Multiplies the modelled compute."""
-    tp_compute_scale: float = 1.0
-    """The same with tensor + sequence parallelism (its collectives' bandwidth in)."""
+    and the streaming bandwidth the rest of the model assumes. Multiplies the modelled compute (tp too)."""
 
     @property
     def measured(self) -> bool:

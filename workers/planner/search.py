@@ -21,6 +21,7 @@ import numpy as np
 from .costmodel import RECOMPUTE_CODES, CostModel, GiB, Layouts
 from .energy import device_power_profile, plan_energy
 from .hardware import Efficiency, efficiency_for, profile_origin
+from .moe import MeasuredExpertLoad
 from .plan import NothingFits, Plan, SearchResult
 from .specs import (
     ClusterSpec,
@@ -409,12 +410,19 @@ def _valid_mask(grid: Layouts, fixed: Strategy) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 
 
-def _cost_model(model, cluster, training, order: str, eff: Efficiency | None) -> CostModel:
+def _cost_model(
+    model,
+    cluster,
+    training,
+    order: str,
+    eff: Efficiency | None,
+    expert_load: MeasuredExpertLoad | None = None,
+) -> CostModel:
     origin = None
     if eff is None:
         _name, eff = efficiency_for(cluster.device.name)
         origin = profile_origin(cluster.device.name)
-    cm = CostModel(model, cluster, training, eff, order=order)
+    cm = CostModel(model, cluster, training, eff, order=order, expert_load=expert_load)
     cm.efficiency_profile = origin  # where its constants come from: every plan's predicted carries it
     return cm
 
@@ -485,10 +493,12 @@ def evaluate(
     *,
     efficiency: Efficiency | None = None,
     scaling: bool = True,
+    expert_load: MeasuredExpertLoad | None = None,
 ) -> Plan:
     """Cost one complete strategy ("what-if"). Raises :class:`SpecError` when a field is missing or
     breaks a divisibility rule; a layout that does not fit in memory comes back with ``feasible=False``
-    and the reason."""
+    and the reason. ``expert_load``: the per-expert load measured by past runs of an MoE model (see
+    :class:`~workers.planner.moe.MeasuredExpertLoad`); without it, uniform routing."""
     missing = [f"strategy.{k}" for k, v in strategy.to_dict().items() if v is None]
     if missing:
         raise SpecError({k: ["is required to evaluate a plan (use search to fill it)"] for k in missing})
@@ -496,8 +506,12 @@ def evaluate(
     if errors:
         raise SpecError(errors)
     used = cluster.with_devices(strategy.tp * strategy.pp * strategy.dp * strategy.cp)
-    cm = _cost_model(model, used, training, strategy.order, efficiency)
-    base = baseline_tokens_per_device(model, used, training, cm.eff) if scaling else None
+    cm = _cost_model(model, used, training, strategy.order, efficiency, expert_load)
+    base = (
+        baseline_tokens_per_device(model, used, training, cm.eff, expert_load=expert_load)
+        if scaling
+        else None
+    )
     layouts = Layouts.from_strategies([strategy], model.num_layers)
     note = SCALING_NO_BASELINE if scaling else SCALING_SKIPPED
     plan = _plans(cm, layouts, base, strategy.order, strategy.layers_per_stage, scaling_note=note)[0]
@@ -549,6 +563,7 @@ def _plans(
     mem = cm.memory(flat)
     tm = cm.timing(flat)
     th = cm.throughput(flat, tm)
+    moe_load = np.broadcast_to(cm.moe_load(flat), (len(flat),))
     power = device_power_profile(cm.cluster)
     out = []
     for i in range(len(flat)):
@@ -562,6 +577,9 @@ def _plans(
             )
         )
         predicted = _predicted(cm, i, mem, tm, th, baseline, scaling_note)
+        if (origin := cm.moe_imbalance_origin()) is not None:
+            # busiest EP rank / mean behind comm_s.ep and the expert compute, and how it was found
+            predicted["moe_imbalance"] = {"value": round(float(moe_load[i]), 4), **origin}
         # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
         predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
         strategy = _with_stage_split(cm.model, flat.strategy(i, order), pinned)
@@ -776,6 +794,7 @@ def baseline_tokens_per_device(
     training: TrainingConfig,
     eff: Efficiency,
     known_best: float | None = None,
+    expert_load: MeasuredExpertLoad | None = None,
 ) -> float | None:
     """Best tokens/s per device of the same model and global batch on the smallest device count where
     any layout fits: the denominator of ``scaling_efficiency`` (per-device throughput at this size over
@@ -783,12 +802,14 @@ def baseline_tokens_per_device(
     already known. Cached per (model, training, device, links, efficiency)."""
     cdict = cluster.to_dict()
     cdict.pop("name")
-    key = json.dumps([model.to_dict(), training.to_dict(), cdict, repr(eff)], sort_keys=True)
+    key = json.dumps(
+        [model.to_dict(), training.to_dict(), cdict, repr(eff), repr(expert_load)], sort_keys=True
+    )
     if key in _BASELINE_CACHE:
         return _BASELINE_CACHE[key]
     result = None
     for small in _device_counts(cluster):
-        cm = CostModel(model, small, training, eff)
+        cm = CostModel(model, small, training, eff, expert_load=expert_load)
         base, (rcs, _zeros, _sps), _ = enumerate_layouts(model, small, training, Strategy())
         # the least memory of a base row is at ZeRO-3 with sequence parallelism (both only ever shrink
         # memory), so checking those first finds the smallest size that fits at a fraction of the cost
@@ -903,6 +924,7 @@ def search(
     raise_if_empty: bool = False,
     objective: str = "throughput",
     constraints: dict | None = None,
+    expert_load: MeasuredExpertLoad | None = None,
 ) -> SearchResult:
     """Find the best layouts that fit: the fastest, or the best by ``objective``.
 
@@ -918,7 +940,7 @@ def search(
     least first) or ``energy`` (tokens per kWh); ties go to throughput. ``constraints`` (:data:`CONSTRAINTS`)
     reject layouts above ``max_memory_GiB_per_device`` or ``max_bubble_fraction``, counted in
     ``stats['rejected']`` like the device's own limits. A bad value raises :class:`SpecError` (a
-    ValueError) naming the field; ``stats`` echoes both.
+    ValueError) naming the field; ``stats`` echoes both. ``expert_load``: as in :func:`evaluate`.
     """
     started = time.perf_counter()
     objective, constraints = checked_ranking(objective, constraints, cluster)
@@ -940,7 +962,7 @@ def search(
             raise SpecError(errors)
     elif errors := stage_split_errors(model, fixed):
         raise SpecError(errors)
-    cm = _cost_model(model, cluster, training, fixed.order, efficiency)
+    cm = _cost_model(model, cluster, training, fixed.order, efficiency, expert_load)
     base, extras, rejected = enumerate_layouts(model, cluster, training, fixed)
     scan = _scan(cm, base, extras, fixed, progress, should_stop, ranking=ranking)
     if scan.memory_rejected:
@@ -985,7 +1007,9 @@ def search(
     baseline = None
     if scaling:
         free_best = float(tokens.max()) / cluster.num_devices if not fixed.fixed_fields() else None
-        baseline = baseline_tokens_per_device(model, cluster, training, cm.eff, known_best=free_best)
+        baseline = baseline_tokens_per_device(
+            model, cluster, training, cm.eff, known_best=free_best, expert_load=expert_load
+        )
 
     wanted = np.unique(np.concatenate([top_idx, pareto_idx[:PARETO_CAP]]))
     plans = dict(

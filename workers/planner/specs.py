@@ -265,9 +265,11 @@ class MoESpec:
     """After the dense prefix, every ``layer_frequency``-th layer is an MoE layer (1 = all)."""
     capacity_factor: float | None = None
     """Expert capacity as a multiple of the balanced share; tokens above it are dropped. null = dropless."""
-    load_imbalance: float = 1.0
+    load_imbalance: float | None = None
     """Tokens of the busiest expert-parallel rank divided by the mean (>= 1); scales all-to-all and
-    expert compute of the critical rank."""
+    expert compute of the critical rank. null = derived per layout from ep, top_k and the tokens of a
+    micro-batch (``workers/planner/moe.py``: uniform routing, or the expert load measured by past runs);
+    a number given here overrides the derived figure."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MoESpec:
@@ -282,7 +284,7 @@ class MoESpec:
             first_dense_layers=c.integer("first_dense_layers", minimum=0, default=0),
             layer_frequency=c.integer("layer_frequency", default=1),
             capacity_factor=c.number("capacity_factor", default=None),
-            load_imbalance=c.number("load_imbalance", default=1.0),
+            load_imbalance=c.number("load_imbalance", default=None),
         )
         if num_experts and top_k and top_k > num_experts:
             c.fail("top_k", f"must be <= num_experts ({num_experts}), got {top_k}")

@@ -164,6 +164,7 @@ export function initSearchPage() {
         `${formatGiB(p.memory_GiB_per_device.total, 1)}/device · bubble ${pct(p.bubble_fraction)} · ` +
         `exposed comm ${secs(p.exposed_comm_s)} · scaling efficiency ${scalingText(p)}` +
         (p.idle_note ? ` · ${p.idle_note}` : "") +
+        (p.moe_imbalance ? ` · MoE imbalance ${p.moe_imbalance.value.toFixed(3)} (${p.moe_imbalance.method})` : "") +
         (p.energy?.tokens_per_kwh != null ? ` · ${num(p.energy.tokens_per_kwh)} tokens/kWh, ` +
           `${num(p.energy.watts_per_device)} W/device (predicted)` : "") +
         (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),
