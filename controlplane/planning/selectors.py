@@ -15,6 +15,7 @@ from controlplane.clusters.models import Cluster
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import evaluated
 from workers import planner
+from workers.planner.warmstart import MeasuredRun
 
 # GET parameters of the plan list (/api/plans/?device=…) and the StoredPlan lookups they filter on
 PLAN_FILTERS = {
@@ -173,6 +174,50 @@ def measured_expert_load(*, teams, model_doc: dict | None) -> planner.MeasuredEx
         runs=len(runs),
         source=f"expert_load of succeeded job{'s' if len(runs) > 1 else ''} {ids} ({name!r}, {experts} experts)",
     )
+
+
+# the latest succeeded runs of stored plans a search's correction factors are computed from
+MEASURED_RUNS_LIMIT = 200
+
+
+def measured_runs(*, team, profile: str) -> list[MeasuredRun]:
+    """What the team's succeeded jobs of stored plans on ``profile`` (a device name) measured beside what
+    their plan predicted: the step time of the run summary (or, without one, the predicted step time
+    scaled by predicted / measured tokens/s). A job that ran on another world size than its plan (an
+    elastic job that shrank, a scaled-down launch) measured another layout and is left out."""
+    from controlplane.common.models import JobState
+    from controlplane.jobs.models import TrainingJob
+
+    jobs = (
+        TrainingJob.objects.filter(
+            team=team,
+            state=JobState.SUCCEEDED,
+            source_plan__isnull=False,
+            source_plan__device_name=profile,
+            measured__isnull=False,
+        )
+        .select_related("source_plan")
+        .order_by("-finished_at", "-pk")[:MEASURED_RUNS_LIMIT]
+    )
+    runs = []
+    for job in jobs:
+        plan, measured = job.source_plan, job.measured or {}
+        if measured.get("world_size") not in (None, plan.device_count):
+            continue
+        predicted = plan.predicted or {}
+        step, tokens = predicted.get("step_time_s"), predicted.get("tokens_per_s")
+        measured_step = measured.get("step_time_s")
+        if not measured_step and step and tokens and measured.get("tokens_per_s"):
+            measured_step = step * tokens / measured["tokens_per_s"]
+        runs.append(
+            MeasuredRun(
+                strategy=plan.strategy,
+                profile=plan.device_name,
+                predicted_step_time_s=step,
+                measured_step_time_s=measured_step,
+            )
+        )
+    return [r for r in runs if r.usable]
 
 
 def strategy_evaluation(

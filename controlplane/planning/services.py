@@ -19,10 +19,11 @@ from controlplane.common.models import JobState
 from controlplane.live.services import publish, publish_after_commit
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import checked, checked_ranking, evaluated, plan_row_fields
-from controlplane.planning.selectors import measured_expert_load, plan_document, similar_plans
+from controlplane.planning.selectors import measured_expert_load, measured_runs, plan_document, similar_plans
 from controlplane.planning.tasks import run_search
 from workers import planner
 from workers.planner.search import search_allowing_idle_nodes, without_nodes
+from workers.planner.warmstart import Corrections, measurement_corrections
 
 log = logging.getLogger(__name__)
 
@@ -282,19 +283,24 @@ def _search_run(search: StrategySearch) -> str:
             {"evaluated": 0, "feasible": 0, "fraction": 0.0, "best": warm, "best_from": "similar plan"},
         )
     last = {"t": 0.0, "poll": 0.0, "stop": False}
+    # searches stored before objectives existed ranked by throughput with no limits
+    objective = req.get("objective", "throughput")
+    by_step_time = objective == "throughput"  # the similar plan was picked as the fastest
+    # what the team's runs of stored plans on this device measured against their prediction
+    corrections = measurement_corrections(measured_runs(team=search.team, profile=cluster.device.name))
 
     def progress(evaluated: int, feasible: int, best: dict | None, fraction: float) -> None:
         now = time.monotonic()
         if fraction < 1.0 and now - last["t"] < PROGRESS_EVERY_S:
             return
         last["t"] = now
+        values = {"evaluated": evaluated, "feasible": feasible, "fraction": round(fraction, 4), "best": best}
+        if warm is not None and by_step_time and fraction < 1.0 and _slower(best, warm):
+            # the scan has not yet beaten the similar plan: the best so far is still that one
+            values.update(best=warm, best_from="similar plan")
         # updated_at is the search's heartbeat: a running search that stops touching it lost its worker
         StrategySearch.objects.filter(pk=search.pk).update(progress=fraction, updated_at=timezone.now())
-        publish(
-            search.stream,
-            "progress",
-            {"evaluated": evaluated, "feasible": feasible, "fraction": round(fraction, 4), "best": best},
-        )
+        publish(search.stream, "progress", values)
 
     def should_stop() -> bool:
         now = time.monotonic()
@@ -306,8 +312,7 @@ def _search_run(search: StrategySearch) -> str:
     options = {
         "fixed": req.get("strategy") or None,
         "top_k": req.get("top_k", 10),
-        # searches stored before objectives existed ranked by throughput with no limits
-        "objective": req.get("objective", "throughput"),
+        "objective": objective,
         "constraints": req.get("constraints") or None,
         "progress": progress,
         "should_stop": should_stop,
@@ -321,29 +326,32 @@ def _search_run(search: StrategySearch) -> str:
         search = StrategySearch.objects.select_for_update().get(pk=search.pk)
         if search.state != JobState.RUNNING:  # requeued as stalled (another run stores the plans) or ended
             return "superseded"
-        search.stats = result.stats
+        top, correction_stats = _corrected_top(result.top, corrections, cluster.device.name, by_step_time)
+        search.stats = {**result.stats, **correction_stats}
         if cluster.num_nodes != req["cluster"]["num_nodes"]:
             req = search.request = {**req, "cluster": cluster.to_dict()}
         search.candidates = result.candidates
         search.similar_plans = similar  # with each similar plan re-evaluated on this scenario
         pareto_ids = {id(p) for p in result.pareto}
-        ranked = [*enumerate(result.top, start=1), *((None, p) for p in result.pareto)]
+        ranked = [*enumerate(top, start=1), *((None, p) for p in result.pareto)]
         rows, seen = [], set()
         for rank, plan in ranked:  # the top plans, then the Pareto plans not among them
             key = json.dumps(plan.strategy.to_dict(), sort_keys=True)  # (layers_per_stage is a list)
             if key in seen:
                 continue
             seen.add(key)
-            rows.append(
-                _plan_row(
-                    search,
-                    plan,
-                    rank=rank,
-                    in_pareto=id(plan) in pareto_ids,
-                    model_spec=model,
-                    cluster_spec=cluster,
-                )
+            row = _plan_row(
+                search,
+                plan,
+                rank=rank,
+                in_pareto=id(plan) in pareto_ids,
+                model_spec=model,
+                cluster_spec=cluster,
             )
+            correction = corrections.for_plan(row.strategy, cluster.device.name) if plan.feasible else None
+            if correction is not None:  # beside the model's own figures, which stay as they are
+                row.predicted = {**row.predicted, "correction": correction.applied(row.predicted)}
+            rows.append(row)
         StoredPlan.objects.bulk_create(rows)
         search.finished_at = timezone.now()
         search.progress = 1.0
@@ -362,6 +370,40 @@ def _search_run(search: StrategySearch) -> str:
             values["message"] = search.human_readable_error
         publish_after_commit(search.stream, "event", values)
     return search.state
+
+
+def _slower(best: dict | None, than: dict) -> bool:
+    """``best`` (a plan.json dict, or None: nothing yet) is slower than ``than``."""
+    if best is None:
+        return True
+    return best["predicted"]["step_time_s"] > than["predicted"]["step_time_s"]
+
+
+def _corrected_top(
+    top: list[planner.Plan], corrections: Corrections, profile: str, by_step_time: bool
+) -> tuple[list[planner.Plan], dict]:
+    """The search's top plans ranked by their corrected step time (throughput objective, where measured
+    runs on ``profile`` correct some of them), and what the search's stats say about it."""
+    if not corrections.by_profile.get(profile):
+        return top, {}
+    factors = [corrections.for_plan(p.strategy.to_dict(), profile) for p in top]
+    stats = {
+        "measured_correction": {
+            "profile": profile,
+            "runs": corrections.by_profile[profile][1],
+            "plans_corrected": sum(f is not None for f in factors),
+            "ranked_by": "corrected step time"
+            if by_step_time
+            else "the objective (a correction scales time only)",
+        }
+    }
+    if not by_step_time:
+        return top, stats
+    # stable: plans of equal corrected time keep the engine's order
+    order = sorted(
+        range(len(top)), key=lambda i: top[i].step_time_s * (factors[i].factor if factors[i] else 1.0)
+    )
+    return [top[i] for i in order], stats
 
 
 def plan_record_measurement(*, plan: StoredPlan, measured: dict, source: str) -> StoredPlan:

@@ -201,6 +201,53 @@ def gradient_group_stride(layouts: Layouts, strides: dict[str, np.ndarray], orde
     return np.where(layouts.cp == 1, strides["dp"], np.where(layouts.dp == 1, strides["cp"], both))
 
 
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""The topology-blind placement (Megatron-Core's default ``order``): the runtime places ranks so."""
+
+# Placements the search tries for its best layouts (innermost first): which of tp / cp / dp is innermost,
+# whether pipeline stages sit inside the data-parallel replicas, and where the EP group sits. Under
+# ``group_strides`` the EP group is carved from the cp x dp block (Megatron-Core RankGenerator), so orders
+# that differ only in the position of ``ep`` cost the same and the search times one of each.
+CANDIDATE_ORDERS = (
+    DEFAULT_ORDER,
+    "tp-ep-cp-dp-pp",
+    "tp-cp-dp-ep-pp",
+    "tp-dp-cp-ep-pp",
+    "cp-tp-ep-dp-pp",
+    "tp-cp-ep-pp-dp",
+)
+
+
+def dense_order(order: str) -> str:
+    """The placement of the dense dimensions (``order`` without ``ep``): two orders with the same one
+    place every group alike (see :func:`group_strides`)."""
+    return "-".join(p for p in order.split("-") if p != "ep")
+
+
+def cross_tier_fraction(
+    cluster: ClusterSpec, size: np.ndarray, stride: np.ndarray, tier_nodes: int, pattern: str
+) -> np.ndarray:
+    """Share of the bytes a group of ``size`` ranks spaced ``stride`` apart communicates per device that
+    leaves a switch holding ``tier_nodes`` nodes, its members ordered by rank (groups aligned to switches).
+
+    ``ring`` (ring all-reduce / reduce-scatter / all-gather, the cp ring): a ring over ``k`` switches
+    crosses switch boundaries on ``k`` of its ``size`` edges; ``all_to_all`` (EP dispatch): each rank
+    sends equal shares to the others, ``(size - m) / (size - 1)`` of them to the other switches (``m``
+    members under one switch); ``p2p`` (pipeline sends): ``k - 1`` of the ``size - 1`` stage boundaries."""
+    domain = cluster.devices_per_node * tier_nodes  # ranks under one switch
+    size = np.asarray(size, dtype=np.int64)
+    stride = np.maximum(np.asarray(stride, dtype=np.int64), 1)
+    members = np.where(size * stride <= domain, size, np.maximum(1, domain // stride))
+    members = np.minimum(members, size)
+    switches = np.ceil(size / members)
+    g = size.astype(np.float64)
+    if pattern == "ring":
+        return np.where(switches > 1, switches / g, 0.0)
+    if pattern == "all_to_all":
+        return np.where(g > 1, (g - members) / np.maximum(g - 1, 1), 0.0)
+    return np.where(g > 1, (switches - 1) / np.maximum(g - 1, 1), 0.0)
+
+
 def group_links(cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride: np.ndarray) -> GroupLinks:
     """Links crossed by groups of ``size`` ranks spaced ``stride`` apart, ranks filling nodes in order."""
     n = cluster.devices_per_node
@@ -212,7 +259,9 @@ def group_links(cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride:
     per_node = np.minimum(per_node, size)
     span_nodes = np.ceil(span / n)
     # switch tiers: traffic that leaves a tier-i domain is limited by the product of the
-    # oversubscriptions below it (fat-tree taper, Leiserson 1985)
+    # oversubscriptions below it (fat-tree taper, Leiserson 1985): a leaf with s:1 oversubscription has
+    # 1/s of its nodes' NIC bandwidth as uplinks, so when every node sends at once (the parallel rings of
+    # one collective do) each node gets 1/s of its NIC upward, and 1/(s1*s2) past the next tier
     factor = np.ones(span.shape, dtype=np.float64)
     taper = 1.0
     for tier in cluster.tiers:
@@ -298,6 +347,12 @@ def gemm_time(eff: Efficiency, peak_flops: float, count, m, n, k) -> np.ndarray:
     """Seconds for ``count`` GEMMs of shape (m, n, k) at 2mnk FLOPs each."""
     m = np.maximum(m, 1.0)
     return count * 2.0 * m * n * k / (peak_flops * gemm_efficiency(eff, m, n, k))
+
+
+def _share(part, whole) -> np.ndarray:
+    """``part / whole``, 0 where ``whole`` is 0."""
+    whole = np.asarray(whole, dtype=np.float64)
+    return np.divide(part, whole, out=np.zeros(np.broadcast(part, whole).shape), where=whole > 0)
 
 
 def _recompute_flags(L: Layouts) -> tuple[np.ndarray, np.ndarray]:
@@ -756,6 +811,13 @@ class CostModel:
             "cp": cp_total,
             "exposed": exposed,
             "volume": volume,
+            # the bytes per device of each group kind (their sum is volume): cross_switch_bytes splits them
+            "volume_tp": micro * layers_here * tp["volume"],
+            "volume_cp": micro * layers_here * cp["volume"],
+            "volume_ep": micro * moe_here * ep["volume"],
+            "volume_pp": pp["volume"],
+            "volume_dp": dp["volume"] - dp["volume_expert"],
+            "volume_edp": dp["volume_expert"],
         }
 
     def micro_batches(self, L: Layouts) -> np.ndarray:
@@ -779,6 +841,27 @@ class CostModel:
             "edp": group_links(self.cluster, eff, (L.dp * L.cp) // L.ep, strides["edp"]),
             "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),
         }
+
+    def cross_switch_bytes(self, L: Layouts, tm: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Bytes per device per step that leave a switch of each tier (by tier name, innermost first) under
+        this model's ``order``, from the per-kind volumes of :meth:`timing` ``tm`` and
+        :func:`cross_tier_fraction` of each group; empty when the cluster lists no tiers."""
+        strides = group_strides(L, self.order)
+        groups = {
+            "tp": (L.tp, strides["tp"], "ring"),
+            "cp": (L.cp, strides["cp"], "ring"),
+            "dp": (L.dp * L.cp, gradient_group_stride(L, strides, self.order), "ring"),
+            "ep": (L.ep, strides["ep"], "all_to_all"),
+            "edp": ((L.dp * L.cp) // L.ep, strides["edp"], "ring"),
+            "pp": (L.pp, strides["pp"], "p2p"),
+        }
+        out = {}
+        for tier in self.cluster.tiers:
+            out[tier.name] = sum(
+                tm[f"volume_{kind}"] * cross_tier_fraction(self.cluster, size, stride, tier.nodes, pattern)
+                for kind, (size, stride, pattern) in groups.items()
+            )
+        return out
 
     def compute_times(self, L: Layouts, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Seconds of one micro-batch on one device, communication left out: ``dense_layer`` and
@@ -989,6 +1072,8 @@ class CostModel:
             "time": np.where(dpcp > 1, dp_total, 0.0),
             "exposed": np.where(dpcp > 1, dp_exposed, 0.0),
             "volume": dp_vol,
+            # the expert gradients' share (over the expert-data-parallel group)
+            "volume_expert": dp_vol * _share(2 * (edp - 1) / edp * expert_b, dp_vol_unit),
         }
 
     def optimizer_time(self, L: Layouts, params: dict[str, np.ndarray]) -> np.ndarray:

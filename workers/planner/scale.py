@@ -17,6 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from .costmodel import DEFAULT_ORDER
 from .plan import Plan
 from .search import evaluate
 from .specs import ClusterSpec, ModelSpec, MoESpec, Strategy, TrainingConfig
@@ -179,6 +180,8 @@ def scale_down(
         micro_batch_size=1,
         sequence_parallel=bool(s.sequence_parallel and d["tp"] > 1),
         layers_per_stage=None,  # the scaled model has its own layers: the even split of its stages
+        # one node: no switch to keep groups under, and the runtime places ranks in the default order only
+        order=DEFAULT_ORDER,
     )
     kept = [k for k in KEEP_ORDER if getattr(s, k) > 1 and d[k] > 1]
     dropped = [k for k in KEEP_ORDER if getattr(s, k) > 1 and d[k] == 1]

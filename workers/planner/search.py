@@ -8,6 +8,7 @@ so a million layouts cost a few hundred numpy operations, not a million Python c
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .costmodel import RECOMPUTE_CODES, CostModel, GiB, Layouts
+from .costmodel import CANDIDATE_ORDERS, DEFAULT_ORDER, RECOMPUTE_CODES, CostModel, GiB, Layouts, dense_order
 from .energy import device_power_profile, plan_energy
 from .hardware import Efficiency, efficiency_for, profile_origin
 from .moe import MeasuredExpertLoad
@@ -36,6 +37,9 @@ from .specs import (
 
 CANDIDATES_CAP = 3000
 PARETO_CAP = 200
+# the best layouts (by the objective, timed in the pinned or default order) whose placement the search
+# then tries in every CANDIDATE_ORDERS order; the rest of the grid keeps the default placement
+ORDER_POOL = 256
 CHUNK_ROWS = 400_000
 
 # rejection reasons (keys of stats["rejected"])
@@ -565,6 +569,8 @@ def _plans(
     th = cm.throughput(flat, tm)
     moe_load = np.broadcast_to(cm.moe_load(flat), (len(flat),))
     power = device_power_profile(cm.cluster)
+    # where the groups sit on the switches, against the topology-blind placement (issue 15)
+    placements = _placement(cm, flat, tm)
     out = []
     for i in range(len(flat)):
         total = float(mem["total"][i])
@@ -582,8 +588,92 @@ def _plans(
             predicted["moe_imbalance"] = {"value": round(float(moe_load[i]), 4), **origin}
         # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
         predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
+        predicted["placement"] = placements[i]
         strategy = _with_stage_split(cm.model, flat.strategy(i, order), pinned)
         out.append(Plan(strategy, fits, reason, predicted))
+    return out
+
+
+def _with_order(cm: CostModel, order: str) -> CostModel:
+    """``cm`` placing ranks in ``order`` (the same model, cluster, efficiency and measured loads)."""
+    if order == cm.order:
+        return cm
+    other = copy.copy(cm)
+    other.order = order
+    return other
+
+
+def _placement(cm: CostModel, flat: Layouts, tm: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """plan.json ``predicted.placement`` of each layout: the bytes per device per step that leave a leaf
+    switch (the innermost tier; ``by_tier`` for each) in ``cm``'s order and in the topology-blind
+    :data:`~workers.planner.costmodel.DEFAULT_ORDER` with the same degrees, and the saving."""
+    blind_cm = _with_order(cm, DEFAULT_ORDER)
+    blind_tm = tm if blind_cm is cm else blind_cm.timing(flat)
+    n = len(flat)
+    mine = {k: np.broadcast_to(v, (n,)) for k, v in cm.cross_switch_bytes(flat, tm).items()}
+    blind = {k: np.broadcast_to(v, (n,)) for k, v in blind_cm.cross_switch_bytes(flat, blind_tm).items()}
+    leaf = cm.cluster.tiers[0].name if cm.cluster.tiers else None
+    blind_step = np.broadcast_to(blind_tm["step"], (n,))
+    out = []
+    for i in range(n):
+        ours = float(mine[leaf][i]) if leaf else 0.0
+        theirs = float(blind[leaf][i]) if leaf else 0.0
+        block: dict[str, Any] = {
+            "order": cm.order,
+            "cross_switch_GB_per_step": round(ours / 1e9, 3),
+            "by_tier_GB_per_step": {k: round(float(v[i]) / 1e9, 3) for k, v in mine.items()},
+            "topology_blind": {
+                "order": DEFAULT_ORDER,
+                "cross_switch_GB_per_step": round(theirs / 1e9, 3),
+                "step_time_s": round(float(blind_step[i]), 4),
+            },
+            "saving_pct": round(100.0 * (1.0 - ours / theirs), 1) if theirs > 0 else 0.0,
+        }
+        if ours == 0.0:
+            block["note"] = (
+                "nothing leaves a leaf switch: every group fits under one"
+                if leaf
+                else "the cluster lists no switch tiers: every node under one switch, nothing crosses"
+            )
+        out.append(block)
+    return out
+
+
+def _best_orders(
+    cm: CostModel, flat: Layouts, vals: dict[str, np.ndarray], pool: np.ndarray, orders: list[str]
+) -> np.ndarray:
+    """Index into ``orders`` of the placement of least step time for each layout of ``flat`` (0, the
+    pinned or default order, for those outside ``pool`` and for ties); ``vals`` (the timing arrays of the
+    scan) are updated in place for the layouts that move."""
+    chosen = np.zeros(len(flat), dtype=np.int64)
+    if len(orders) < 2 or not len(pool):
+        return chosen
+    sub = flat.take(pool)
+    best = vals["step"][pool].copy()
+    for j, order in enumerate(orders[1:], start=1):
+        tm = _with_order(cm, order).timing(sub)
+        step = np.broadcast_to(tm["step"], best.shape)
+        better = step < best * (1.0 - 1e-9)
+        if not better.any():
+            continue
+        best = np.where(better, step, best)
+        moved = pool[better]
+        chosen[moved] = j
+        for k in vals:
+            if k != "memory":
+                vals[k][moved] = np.broadcast_to(tm[k], best.shape)[better]
+    return chosen
+
+
+def _orders_to_try(fixed: Strategy, pinned: bool) -> list[str]:
+    """The placements a search times: the pinned one alone, else one order of each distinct dense
+    placement of :data:`CANDIDATE_ORDERS`, the default first."""
+    if pinned or fixed.is_complete:
+        return [fixed.order]
+    out: list[str] = []
+    for order in CANDIDATE_ORDERS:
+        if dense_order(order) not in {dense_order(o) for o in out}:
+            out.append(order)
     return out
 
 
@@ -945,6 +1035,12 @@ def search(
     started = time.perf_counter()
     objective, constraints = checked_ranking(objective, constraints, cluster)
     ranking = Ranking.of(objective, constraints, cluster)
+    # a placement the user names is kept; otherwise the search picks one for its best layouts
+    order_pinned = (
+        bool(fixed.get("order"))
+        if isinstance(fixed, dict)
+        else fixed is not None and (fixed.order != DEFAULT_ORDER)
+    )
     if fixed is None:
         fixed = Strategy()
     elif isinstance(fixed, dict):
@@ -992,9 +1088,19 @@ def search(
         return SearchResult(best=None, top=[], pareto=[], stats=stats)
 
     flat, vals = scan.joined()
+    headroom = cm.memory_bytes - vals["memory"]
+    # placement is part of the search: the best layouts are timed in every candidate order and each keeps
+    # the one of least step time (issue 15)
+    orders = _orders_to_try(fixed, order_pinned)
+    pool = np.array([], dtype=np.int64)
+    if len(orders) > 1:
+        first = ranking.key(vals, headroom).real
+        n_pool = min(len(first), ORDER_POOL)
+        pool = np.argpartition(first, n_pool - 1)[:n_pool] if n_pool < len(first) else np.arange(len(first))
+    order_of = _best_orders(cm, flat, vals, pool, orders)
+    stats["orders_tried"] = orders
     step = vals["step"]
     tokens = training.global_batch_size * model.seq_length / step
-    headroom = cm.memory_bytes - vals["memory"]
     # best by the objective first (throughput: fastest first; among equally fast layouts, to 1 ns, the one
     # with more memory headroom); ties of any other objective go to the faster layout
     rank_key = ranking.key(vals, headroom)
@@ -1012,20 +1118,20 @@ def search(
         )
 
     wanted = np.unique(np.concatenate([top_idx, pareto_idx[:PARETO_CAP]]))
-    plans = dict(
-        zip(
-            wanted.tolist(),
-            _plans(
-                cm,
-                flat.take(wanted),
-                baseline,
-                fixed.order,
-                fixed.layers_per_stage,
-                scaling_note=SCALING_NO_BASELINE if scaling else SCALING_SKIPPED,
-            ),
-            strict=True,
+    plans: dict[int, Plan] = {}
+    for j, order in enumerate(orders):
+        these = wanted[order_of[wanted] == j]
+        if not len(these):
+            continue
+        costed = _plans(
+            _with_order(cm, order),
+            flat.take(these),
+            baseline,
+            order,
+            fixed.layers_per_stage,
+            scaling_note=SCALING_NO_BASELINE if scaling else SCALING_SKIPPED,
         )
-    )
+        plans.update(zip(these.tolist(), costed, strict=True))
     top = [plans[int(i)] for i in top_idx]
     pareto = [plans[int(i)] for i in pareto_idx[:PARETO_CAP]]
     stats["pareto_size"] = int(len(pareto_idx))

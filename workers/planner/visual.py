@@ -572,9 +572,12 @@ def plan_visuals(
         "pp_p2p_s": _num(pred.get("comm_s") or {}, "pp"),
         "note": note,
     }
+    placement = placement_map(_devices_taken(cluster, strategy), strategy, max_nodes=max_nodes)
+    # the plan's cross-switch bytes against the topology-blind placement (search.py _placement), if costed
+    placement["traffic"] = pred.get("placement")
     return {
         "schedule": schedule,
-        "placement": placement_map(_devices_taken(cluster, strategy), strategy, max_nodes=max_nodes),
+        "placement": placement,
         **plan_breakdown(pred, cluster.device.memory_GiB),
     }
 

@@ -165,6 +165,7 @@ export function initSearchPage() {
         `exposed comm ${secs(p.exposed_comm_s)} · scaling efficiency ${scalingText(p)}` +
         (p.idle_note ? ` · ${p.idle_note}` : "") +
         (p.moe_imbalance ? ` · MoE imbalance ${p.moe_imbalance.value.toFixed(3)} (${p.moe_imbalance.method})` : "") +
+        (p.correction ? ` · ${p.correction.summary}` : "") +
         (p.energy?.tokens_per_kwh != null ? ` · ${num(p.energy.tokens_per_kwh)} tokens/kWh, ` +
           `${num(p.energy.watts_per_device)} W/device (predicted)` : "") +
         (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),

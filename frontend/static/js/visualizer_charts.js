@@ -310,6 +310,24 @@ export function drawPlacement(container, pm) {
     note(container, pm.note + ". Bandwidth is what the cost model charges per device after collective efficiency " +
       "and oversubscription.");
     container.append(container.querySelector(":scope > .viz-note"));
+    renderTraffic();
+  }
+
+  // the plan's predicted.placement: bytes per device per step leaving a leaf switch, this placement
+  // against the topology-blind one (the default order with the same degrees)
+  function renderTraffic() {
+    let line = container.querySelector(":scope > .placement-traffic");
+    if (line) line.remove();
+    const t = pm.traffic;
+    if (!t) return;
+    const blind = t.topology_blind || {};
+    const text = t.note && !blind.cross_switch_GB_per_step
+      ? `Cross-switch traffic: none (${t.note}).`
+      : `Cross-switch traffic: ${num(t.cross_switch_GB_per_step, 3)} GB per device per step (order ${t.order}) ` +
+        `vs ${num(blind.cross_switch_GB_per_step, 3)} GB topology-blind (order ${blind.order}, ` +
+        `${num(blind.step_time_s, 2)} s/step): ${num(t.saving_pct, 1)} % less.`;
+    line = h("p", { class: "placement-traffic" }, text);
+    container.append(line);
   }
 
   container._pmRender = render;

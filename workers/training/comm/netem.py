@@ -20,6 +20,7 @@ Needs root and iproute2 (``ip``, ``tc``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 IFNAME = "ctnet0"
 SUBNET = "10.77.0"
 _NS_RE = re.compile(r"^ct-(\d+)-")
+_NETWORKS = itertools.count()
 
 
 class NetworkUnavailable(RuntimeError):
@@ -101,7 +103,9 @@ class TwoTierNetwork:
     nodes: int = 2
     inter_node_gbit: float = 1.0
     latency_ms: float = 0.0
-    prefix: str = field(default_factory=lambda: f"ct-{os.getpid()}-")
+    # the pid (for remove_stale_namespaces) and a per-network tag: two comparisons in one process (a
+    # threads-pool Celery worker) must not ask for the same namespace names
+    prefix: str = field(default_factory=lambda: f"ct-{os.getpid()}-{next(_NETWORKS)}-")
     node_list: list[Node] = field(default_factory=list, init=False)
     latency_emulated: bool = field(default=False, init=False)
     qdisc: str = field(default="", init=False)

@@ -1,0 +1,107 @@
+"""Placement is part of the search (issue 15): the rank order of the best layouts, oversubscribed switch
+tiers, and the cross-switch bytes a plan reports against the topology-blind placement."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.unit.planner_helpers import a100_cluster
+from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search
+from workers.planner.costmodel import DEFAULT_ORDER, cross_tier_fraction, group_links
+from workers.planner.examples import CONTRACTS
+from workers.planner.hardware import efficiency_for
+from workers.planner.visual import plan_visuals
+
+# the seed MoE scenario's degrees, the rest searched: tp=2 x cp=2 fill half a node, so under the default
+# order the 8-wide EP group strides over two nodes; with cp innermost it does not
+DEGREES = {"tp": 2, "pp": 16, "dp": 16, "ep": 8, "cp": 2}
+
+
+def load(name):
+    return json.loads((CONTRACTS / name).read_text())
+
+
+def atlas(tiers):
+    doc = load("cluster-atlas900.json")
+    doc["tiers"] = tiers
+    return ClusterSpec.from_dict(doc)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return ModelSpec.from_dict(load("model-moe.json")), TrainingConfig.from_dict(load("training.json"))
+
+
+OVERSUBSCRIBED = [
+    {"name": "leaf", "nodes": 4, "oversubscription": 4.0},
+    {"name": "spine", "nodes": 128, "oversubscription": 1.0},
+]
+
+
+def test_oversubscribed_two_tier_cluster_picks_an_order_that_keeps_traffic_under_the_leaf(moe):
+    model, training = moe
+    best = search(model, atlas(OVERSUBSCRIBED), training, fixed=DEGREES, top_k=1, scaling=False).best
+    placement = best.predicted["placement"]
+    assert best.strategy.order != DEFAULT_ORDER
+    assert best.to_dict()["strategy"]["order"] == best.strategy.order  # the plan's strategy says so
+    assert placement["order"] == best.strategy.order
+    blind = placement["topology_blind"]
+    assert blind["order"] == DEFAULT_ORDER
+    assert placement["cross_switch_GB_per_step"] < blind["cross_switch_GB_per_step"]
+    assert best.predicted["step_time_s"] < blind["step_time_s"]
+    assert placement["saving_pct"] == pytest.approx(
+        100 * (1 - placement["cross_switch_GB_per_step"] / blind["cross_switch_GB_per_step"]), abs=0.2
+    )
+
+
+@pytest.mark.parametrize("order", [DEFAULT_ORDER, "tp-dp-cp-ep-pp"])
+def test_a_pinned_order_is_kept(moe, order):
+    model, training = moe
+    result = search(
+        model, atlas(OVERSUBSCRIBED), training, fixed={**DEGREES, "order": order}, top_k=1, scaling=False
+    )
+    assert result.best.strategy.order == order
+    assert result.stats["orders_tried"] == [order]
+    assert result.best.predicted["placement"]["order"] == order
+
+
+@pytest.mark.parametrize(
+    "tiers", [[], [{"name": "leaf", "nodes": 128, "oversubscription": 3.0}]], ids=["no tiers", "one switch"]
+)
+def test_on_a_single_switch_cluster_nothing_crosses(moe, tiers):
+    model, training = moe
+    best = search(model, atlas(tiers), training, fixed=DEGREES, top_k=1, scaling=False).best
+    placement = best.predicted["placement"]
+    assert placement["cross_switch_GB_per_step"] == 0.0
+    assert placement["topology_blind"]["cross_switch_GB_per_step"] == 0.0
+    assert placement["saving_pct"] == 0.0
+    assert "nothing crosses" in placement["note"] or "nothing leaves" in placement["note"]
+
+
+def test_a_ring_past_an_oversubscribed_leaf_gets_its_share_of_the_uplinks():
+    cluster = ClusterSpec.from_dict(a100_cluster(8, tiers=(("leaf", 2), ("spine", 8)), oversubscription=4.0))
+    _name, eff = efficiency_for(cluster.device.name)
+    inside, across = group_links(cluster, eff, np.array([16, 32]), np.array([1, 1])).bw_inter
+    assert inside == pytest.approx(25e9 * eff.collective_efficiency_inter)
+    assert across == pytest.approx(inside / 4.0)
+
+
+def test_cross_tier_fraction_of_rings_all_to_alls_and_pipelines():
+    cluster = ClusterSpec.from_dict(a100_cluster(8, tiers=(("leaf", 1), ("spine", 8))))
+    one = np.array([16])
+    # 16 ranks at stride 1 over 2 switches of 8 ranks: a ring crosses 2 of its 16 edges, an all-to-all
+    # sends 8 of its 15 shares away, a pipeline crosses 1 of its 15 stage boundaries
+    assert cross_tier_fraction(cluster, one, np.array([1]), 1, "ring")[0] == pytest.approx(2 / 16)
+    assert cross_tier_fraction(cluster, one, np.array([1]), 1, "all_to_all")[0] == pytest.approx(8 / 15)
+    assert cross_tier_fraction(cluster, one, np.array([1]), 1, "p2p")[0] == pytest.approx(1 / 15)
+    # under one switch of all 8 nodes nothing leaves
+    assert cross_tier_fraction(cluster, one, np.array([4]), 8, "ring")[0] == 0.0
+
+
+def test_the_placement_view_carries_the_cross_switch_figures(moe):
+    model, training = moe
+    cluster = atlas(OVERSUBSCRIBED)
+    best = search(model, cluster, training, fixed=DEGREES, top_k=1, scaling=False).best
+    traffic = plan_visuals(model, cluster, training, best.to_dict())["placement"]["traffic"]
+    assert traffic == best.predicted["placement"]
