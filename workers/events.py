@@ -36,15 +36,24 @@ STREAMS_SET = "cann:streams"
 # event to the database well before this many newer ones arrive.
 MAX_LEN = 100_000
 
-# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = set of streams;
-# ARGV[1] = event JSON without seq (ends with "}"), ARGV[2] = maxlen
+# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = set of streams, KEYS[4] = the event's publish token or "";
+# ARGV[1] = event JSON without seq (ends with "}"), ARGV[2] = maxlen, ARGV[3] = token lifetime (s)
+# A token already set means this event was appended before (a retry whose first reply was lost when Redis
+# went down): its seq comes back and nothing is appended twice.
 _APPEND_LUA = """
+if KEYS[4] ~= '' then
+  local done = redis.call('GET', KEYS[4])
+  if done then return tonumber(done) end
+end
 local seq = redis.call('INCR', KEYS[1])
 local body = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], seq .. '-1', 'event', body)
 redis.call('SADD', KEYS[3], KEYS[2])
+if KEYS[4] ~= '' then redis.call('SET', KEYS[4], seq, 'EX', ARGV[3]) end
 return seq
 """
+TOKEN_PREFIX = "cann:published:"
+TOKEN_TTL_S = 3600  # a retry comes within seconds to minutes (a Redis restart); an hour is plenty
 
 
 # KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = renumber-floor hash;
@@ -122,20 +131,35 @@ class EventWriter:
         self._renumber = redis_client.register_script(_RENUMBER_LUA)
 
     @staticmethod
-    def _keys(stream: str) -> list[str]:
-        return [seq_key(stream), stream_key(stream), STREAMS_SET]
+    def _keys(stream: str, token: str | None = None) -> list[str]:
+        return [seq_key(stream), stream_key(stream), STREAMS_SET, TOKEN_PREFIX + token if token else ""]
 
-    def publish(self, stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> int:
-        """Append one event; returns its ``seq``."""
+    def publish(
+        self,
+        stream: str,
+        kind: str,
+        values: dict[str, Any],
+        step: int | None = None,
+        token: str | None = None,
+    ) -> int:
+        """Append one event; returns its ``seq``. ``token`` (unique per event, the same on a retry) makes
+        the append idempotent: a retry of an event Redis already holds returns its seq, appending nothing."""
         body = build_event(stream, kind, step, values)
-        return int(self._append(keys=self._keys(stream), args=[body, MAX_LEN]))
+        return int(self._append(keys=self._keys(stream, token), args=[body, MAX_LEN, TOKEN_TTL_S]))
 
-    def publish_many(self, stream: str, events: list[tuple[str, int | None, dict[str, Any]]]) -> list[int]:
-        """Append several ``(kind, step, values)`` events in one round trip; returns their seqs."""
-        bodies = [build_event(stream, kind, step, values) for kind, step, values in events]
+    def publish_many(
+        self,
+        stream: str,
+        events: list[tuple[str, int | None, dict[str, Any]] | tuple[str, int | None, dict, str]],
+    ) -> list[int]:
+        """Append several ``(kind, step, values)`` or ``(kind, step, values, token)`` events in one round trip
+        (not a transaction: a connection lost midway may leave some appended); returns their seqs. Retrying
+        a batch with the same tokens appends only the events Redis does not hold yet."""
         pipe = self._redis.pipeline(transaction=False)
-        for body in bodies:
-            self._append(keys=self._keys(stream), args=[body, MAX_LEN], client=pipe)
+        for kind, step, values, *token in events:
+            body = build_event(stream, kind, step, values)
+            keys = self._keys(stream, token[0] if token else None)
+            self._append(keys=keys, args=[body, MAX_LEN, TOKEN_TTL_S], client=pipe)
         return [int(s) for s in pipe.execute()]
 
     def renumber(self, stream: str, entries: list[tuple[str, dict]], floor: int, *, group: str) -> list[int]:

@@ -12,6 +12,7 @@ import queue
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 # Profiler event names that are communication (c10d collectives, their backend kernels, pipeline p2p).
@@ -61,7 +62,8 @@ class EventPublisher:
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         t0 = time.perf_counter()
-        self._queue.put((kind, step, values))
+        # a token per event: a batch retried after Redis went down mid-reply appends each event once
+        self._queue.put((kind, step, values, uuid.uuid4().hex))
         self.submit_seconds += time.perf_counter() - t0
 
     # events kept while Redis is unreachable (a restart takes seconds; a step publishes one or two events);
