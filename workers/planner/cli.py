@@ -224,6 +224,13 @@ def format_result(result, model, cluster, training) -> str:
             else p.get("scaling_efficiency_note", "not computed")
         ),
     ]
+    if place := p.get("placement"):
+        blind = place.get("topology_blind") or {}
+        lines.append(
+            f"  placement {place['order']}: {place['cross_switch_GB_per_step']:.3f} GB/device/step across "
+            f"switches; topology-blind {blind.get('order')}: {blind.get('cross_switch_GB_per_step', 0):.3f} GB, "
+            f"{blind.get('step_time_s', 0):.3f} s/step" + (f" ({place['note']})" if place.get("note") else "")
+        )
     if (split := result.best.strategy.layers_per_stage) is not None:
         from .search import stage_split_text
 
