@@ -121,6 +121,19 @@ def certificate_of(user, code: str) -> GreenCertificate | None:
     return certificates_of(user).filter(code=code).first()
 
 
+def certificate_verify_upload(report: GreenCertificate, pdf: bytes) -> dict:
+    """:func:`certificate_verify` with an uploaded PDF; ``ValueError`` with what a person should do when the
+    upload is not a readable report (not a PDF, or one pypdf cannot read: its errors are of many types)."""
+    try:
+        return certificate_verify(report, pdf=pdf)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pypdf's errors on a damaged file (PdfReadError and others)
+        raise ValueError(
+            f"that PDF cannot be read ({type(exc).__name__}): upload the report as downloaded"
+        ) from None
+
+
 def certificate_verify(report: GreenCertificate, *, pdf: bytes | None = None) -> dict:
     """Rebuild ``report`` from its job's stored measurements and compare: ``{valid, code_matches,
     figures_match, mismatches: [{field, certified, recomputed}], checked}``. With ``pdf``, the figures that

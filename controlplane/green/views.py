@@ -18,8 +18,14 @@ from controlplane.accounts.selectors import teams_of
 from controlplane.green import selectors
 from controlplane.green.apis import MAX_HOURS, ScheduleRowSerializer
 from controlplane.green.certificate_apis import MAX_PDF_BYTES, CertificateRowSerializer
-from controlplane.green.certificates import certificate_of, certificate_verify, certificates_of
+from controlplane.green.certificates import (
+    certificate_of,
+    certificate_verify,
+    certificate_verify_upload,
+    certificates_of,
+)
 from controlplane.jobs.selectors import jobs_of
+from workers.green.certificate import value_at
 from workers.green.history import SOURCE as HISTORY_SOURCE
 from workers.green.history import ZONES as HISTORY_ZONES
 
@@ -96,12 +102,6 @@ REPORT_FIGURES = (
 )
 
 
-def _at(node, path: str):
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 @login_required
 def green_report(request, code: str):
     """One energy report: its figures, and whether it verifies (the stored document rebuilt from the job's
@@ -118,18 +118,15 @@ def green_report(request, code: str):
         else:
             status = 400
     try:
-        result = certificate_verify(report, pdf=pdf)
-    except ValueError as exc:  # not a report PDF (no read-back block, wrong code printed...)
+        result = certificate_verify(report) if pdf is None else certificate_verify_upload(report, pdf)
+    except ValueError as exc:  # not a readable report PDF: the stored one is still checked and shown
         result, status, pdf_error = certificate_verify(report), 400, str(exc)
-    except Exception as exc:  # noqa: BLE001 - pypdf's errors on a damaged file (PdfReadError and others)
-        result, status = certificate_verify(report), 400
-        pdf_error = f"That PDF cannot be read ({type(exc).__name__}): upload the report as downloaded."
     results = report.document.get("results") or {}
     row = CertificateRowSerializer(report).data
     figures = [
-        {"label": label, "value": _at(results, path), "unit": unit, "field": f"results.{path}"}
+        {"label": label, "value": value, "unit": unit, "field": f"results.{path}"}
         for label, path, unit in REPORT_FIGURES
-        if _at(results, path) is not None
+        if (value := value_at(results, path)) is not None
     ]
     return render(
         request,

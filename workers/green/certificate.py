@@ -495,7 +495,7 @@ def _estimate_basis(inputs: Mapping[str, Any], results: Mapping[str, Any]) -> di
     return {
         path: reasons
         for path, reasons in basis.items()
-        if reasons and _get({"results": results}, path) is not None
+        if reasons and value_at({"results": results}, path) is not None
     }
 
 
@@ -743,7 +743,9 @@ def build_certificate(
 # ------------------------------------------------------------------------------------------- verifying
 
 
-def _get(document: Any, path: str) -> Any:
+def value_at(document: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of a report (``results.kwh.facility``; list items by index), None
+    where the path leads nowhere."""
     node = document
     for part in path.split(".") if path else ():
         if isinstance(node, Mapping):
@@ -885,7 +887,7 @@ def verify_pdf(pdf_bytes: bytes, document: dict, secret: bytes) -> dict:
     mismatches = []
     for field in sorted(set(READBACK_FIELDS) | set(printed["figures"])):
         shown = printed["figures"].get(field)
-        stored = _scalar_text(_get(document, field))
+        stored = _scalar_text(value_at(document, field))
         if shown != stored:
             mismatches.append({"field": field, "certified": shown, "recomputed": stored})
     if not code_ok:
@@ -998,7 +1000,7 @@ def _figure_rows(document: Mapping[str, Any], figures: Sequence[tuple[str, str, 
     currency = ((document.get("results") or {}).get("cost") or {}).get("currency") or ""
     rows = []
     for path, label, unit in figures:
-        value = _get(document, path)
+        value = value_at(document, path)
         unit = unit.format(currency=currency)
         css = "sub" if label.startswith("of which") else ""
         if value is None:
@@ -1191,7 +1193,7 @@ def _html(document: Mapping[str, Any]) -> str:
         for m in document["methodology"]
     )
     readback = "\n".join(
-        f"<div>{_e(field)} = {_e(_scalar_text(_get(document, field)))}</div>" for field in READBACK_FIELDS
+        f"<div>{_e(field)} = {_e(_scalar_text(value_at(document, field)))}</div>" for field in READBACK_FIELDS
     )
     return _PAGE.substitute(
         title=_e(document["title"]),
