@@ -654,16 +654,15 @@ CODECARBON_CPU_TABLE = "data/hardware/cpu_power.csv"
 @functools.cache
 def _codecarbon_cpu_table() -> tuple[str, dict[str, float]] | None:
     """CodeCarbon's version and its CPU TDP table (``Name,TDP``, some 4,900 models), read from the installed
-    package's data without importing ``codecarbon`` (its import is slow and probes the hardware); ``None``
-    when the package or the file is absent."""
-    import importlib.metadata
-    import importlib.util
+    package's data without importing ``codecarbon`` (:mod:`workers.green.codecarbon_data`); ``None`` when
+    the package or the file is absent."""
+    from workers.green.codecarbon_data import codecarbon_package
 
-    spec = importlib.util.find_spec("codecarbon")
-    if spec is None or not spec.submodule_search_locations:
+    package = codecarbon_package()
+    if package is None:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / CODECARBON_CPU_TABLE
-    text = _read_text(path)
+    version, root = package
+    text = _read_text(root / CODECARBON_CPU_TABLE)
     if not text:
         return None
     table: dict[str, float] = {}
@@ -674,7 +673,7 @@ def _codecarbon_cpu_table() -> tuple[str, dict[str, float]] | None:
             continue
         if row.get("Name") and math.isfinite(tdp) and tdp > 0:
             table[row["Name"]] = tdp
-    return importlib.metadata.version("codecarbon"), table
+    return version, table
 
 
 def codecarbon_cpu_tdp(model_raw: str) -> tuple[float, str, str] | None:

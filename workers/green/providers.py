@@ -27,18 +27,16 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
-import importlib.metadata
-import importlib.util
 import io
 import json
 import math
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Protocol
 
 import requests
 
+from workers.green.codecarbon_data import codecarbon_package
 from workers.green.history import SOURCE as HISTORY_SOURCE
 from workers.green.history import ZONES as HISTORY_ZONES
 from workers.green.history import load_history
@@ -848,21 +846,20 @@ def history_stand_in(zone: str, start: datetime, end: datetime) -> IntensitySeri
 @functools.cache
 def _codecarbon_energy_mix() -> tuple[str, dict]:
     """CodeCarbon's version and its per-country table, read from the installed package's data without
-    importing ``codecarbon`` (its import is slow and starts logging and hardware probes).
-    ``importlib.resources.files("codecarbon")`` would import it; ``find_spec`` only locates it."""
-    spec = importlib.util.find_spec("codecarbon")
-    if spec is None or not spec.submodule_search_locations:
+    importing ``codecarbon`` (:mod:`workers.green.codecarbon_data`)."""
+    package = codecarbon_package()
+    if package is None:
         raise ProviderError(
             "CodeCarbon",
             "the codecarbon package is not installed (pip install 'codecarbon~=3.3'): its bundled annual "
             "country averages are the last-resort intensity",
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / CODECARBON_MIX_FILE
+    version, root = package
+    path = root / CODECARBON_MIX_FILE
     if not path.is_file():
         raise ProviderError(
             "CodeCarbon", f"{path} is missing: this codecarbon version keeps its data elsewhere"
         )
-    version = importlib.metadata.version("codecarbon")
     return version, json.loads(path.read_text())
 
 
