@@ -112,20 +112,25 @@ def _allreduce_worker(rank: int, world: int, port: int, sizes: list[int], repeat
     dist.destroy_process_group()
 
 
-def measure_allreduce(repeat: int, sizes=ALLREDUCE_BYTES) -> dict[str, Any]:
-    """Fit t = alpha + 2(p-1)/p * n / B (ring all-reduce) to gloo all-reduce timings of 2 processes."""
-    import numpy as np
+def _on_processes(worker, *args) -> Any:
+    """Run ``worker(rank, PROCESSES, port, *args, out_path)`` in ``PROCESSES`` spawned processes that meet
+    on a free loopback port; returns the JSON rank 0 wrote to ``out_path``."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "allreduce.json")
-        mp.spawn(
-            _allreduce_worker, args=(PROCESSES, port, list(sizes), repeat, out), nprocs=PROCESSES, join=True
-        )
-        points = json.loads(Path(out).read_text())
+        out = os.path.join(tmp, "result.json")
+        mp.spawn(worker, args=(PROCESSES, port, *args, out), nprocs=PROCESSES, join=True)
+        return json.loads(Path(out).read_text())
+
+
+def measure_allreduce(repeat: int, sizes=ALLREDUCE_BYTES) -> dict[str, Any]:
+    """Fit t = alpha + 2(p-1)/p * n / B (ring all-reduce) to gloo all-reduce timings of 2 processes."""
+    import numpy as np
+
+    points = _on_processes(_allreduce_worker, list(sizes), repeat)
     p = PROCESSES
     x = np.array([2 * (p - 1) / p * q["bytes"] for q in points])
     y = np.array([q["seconds"] for q in points])
@@ -229,15 +234,7 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
 def measure_framework(repeat: int) -> dict[str, Any]:
     """The runtime's host-side costs (``workers.planner.hardware.Framework``) on 2 processes: per-layer
     slopes and intercepts of the probe's passes and per-step work, negative intercepts (noise) as 0."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "framework.json")
-        mp.spawn(_framework_worker, args=(PROCESSES, port, repeat, out), nprocs=PROCESSES, join=True)
-        raw = json.loads(Path(out).read_text())
+    raw = _on_processes(_framework_worker, repeat)
     lo, hi = PROBE_LAYERS
 
     def line(key: str) -> tuple[float, float]:
