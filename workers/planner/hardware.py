@@ -127,16 +127,22 @@ UNCALIBRATED_NOTE = "uncalibrated: run `cann-train calibrate`"
 """What a prediction from the shipped cpu default says beside its figures (they can be off many times over)."""
 
 
+@lru_cache(maxsize=8)
+def _read_calibration(path: str, _mtime_ns: int, _size: int) -> dict[str, Any]:
+    """A calibration file's profile, read once per version of the file (the key holds its mtime and
+    size): every cost model of a search asks for the cpu profile, several times each."""
+    with open(path) as fh:
+        return json.load(fh)
+
+
 def _cpu_profile() -> tuple[dict[str, Any], str]:
     """The cpu profile and where it comes from: the calibration file's path, or ``CPU_DEFAULT_ORIGIN``."""
     path = calibration_dir() / "cpu.json"
-    if path.is_file():
-        try:
-            with path.open() as fh:
-                return json.load(fh), str(path)
-        except (OSError, ValueError):
-            pass
-    return load_profiles()["profiles"]["cpu"], CPU_DEFAULT_ORIGIN
+    try:
+        stat = path.stat()
+        return _read_calibration(str(path), stat.st_mtime_ns, stat.st_size), str(path)
+    except (OSError, ValueError):
+        return load_profiles()["profiles"]["cpu"], CPU_DEFAULT_ORIGIN
 
 
 def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:

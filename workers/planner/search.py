@@ -260,6 +260,11 @@ def stage_split_errors(model: ModelSpec, s: Strategy) -> dict[str, list[str]]:
     return {"strategy.layers_per_stage": [problem]} if problem else {}
 
 
+def _pinned_pp(fixed: Strategy) -> int | None:
+    """The pp a partial strategy pins: its ``pp``, or the length of a pinned ``layers_per_stage``."""
+    return fixed.pp if fixed.layers_per_stage is None else len(fixed.layers_per_stage)
+
+
 def layout_errors(
     model: ModelSpec, cluster: ClusterSpec, training: TrainingConfig, s: Strategy
 ) -> dict[str, list[str]]:
@@ -318,7 +323,7 @@ def enumerate_layouts(
     n = cluster.num_devices
     gbs = training.global_batch_size
     pinned = fixed.layers_per_stage
-    fixed_pp = fixed.pp if pinned is None else len(pinned)
+    fixed_pp = _pinned_pp(fixed)
     rejected: Counter = Counter()
     blocks: list[np.ndarray] = []
     # a pinned split travels with the rows; the balanced one the cost model works out from pp itself
@@ -927,10 +932,7 @@ def _dp_degrees_allowed(model: ModelSpec, cluster: ClusterSpec, fixed: Strategy)
         for cp in _options(fixed.cp, divisors(n // tp)):
             if cp_rule(model, cp):
                 continue
-            for pp in _options(
-                fixed.pp if fixed.layers_per_stage is None else len(fixed.layers_per_stage),
-                divisors(n // (tp * cp)),
-            ):
+            for pp in _options(_pinned_pp(fixed), divisors(n // (tp * cp))):
                 dp = n // (tp * cp * pp)
                 if not pp_rule(model, pp) and fixed.dp in (None, dp):
                     out.add(dp)
