@@ -89,9 +89,15 @@ def test_a_job_launched_from_the_api_appears_and_finishes_live_on_the_list_and_t
     tokens = jobs_page.inner_text(f"{row} td[data-col=tokens]").replace(",", "")
     assert int(tokens) == round(job.measured["tokens_per_s"])
     assert dashboard.inner_text(f"{dash_row} td[data-col=state]") == "succeeded"
-    assert dashboard.inner_text(f"{dash_row} td[data-col=tokens]") == jobs_page.inner_text(
-        f"{row} td[data-col=tokens]"
+    # the dashboard's row takes the run summary's figure from the same end-of-run update, which may land a
+    # moment after its state: wait for it, then compare
+    final = jobs_page.inner_text(f"{row} td[data-col=tokens]")
+    dashboard.wait_for_function(
+        "([sel, want]) => document.querySelector(sel + ' td[data-col=tokens]').textContent.trim() === want",
+        arg=[dash_row, final],
+        timeout=15000,
     )
+    assert dashboard.inner_text(f"{dash_row} td[data-col=tokens]") == final
     # the dashboard's live panel offers the new job's stream
     assert dashboard.locator(f"#live-stream option[value='job/{job_id}']").count() == 1
     assert errors == []
