@@ -7,6 +7,13 @@ two hold-out checks of generalisation (fit the constants on one paper, predict t
 ``--loo`` a leave-one-out over all runs. ``--fit`` prints the constants fitted on all runs (the values
 shipped in workers/planner/data/hardware_profiles.json came from it).
 
+``--validation`` (on by default; ``--no-validation`` skips it) predicts the published runs gathered in
+workers/planner/data/validation_runs.json that no constant was ever fitted on (other papers, H100s, ZeRO-3
+under FSDP, an uneven pipeline), then reports, over the tuning set and those runs together, leave-one-
+paper-out and leave-one-device-out errors: the device-independent constants (``hardware.model_constants``
+and ``elementwise_traffic``) refitted without a paper (or device), the left-out runs predicted with them,
+each device turning them into its own compute ceiling through its cited achievable-matmul figure.
+
 ``--here`` adds the one place where predicted meets measured on this machine: ``cann-train calibrate``
 (into a temporary directory), then every example layout that fits the calibrated 2-process cluster
 predicted and trained with ``cann-train train``'s runtime, side by side, with the prediction also shown
@@ -28,8 +35,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workers.planner.calibration import FIT_BOUNDS, ReferenceRun, errors, fit_efficiency, predict_run  # noqa: E402
-from workers.planner.examples import REFERENCE_RUNS  # noqa: E402
+from workers.planner.calibration import (  # noqa: E402
+    FIT_BOUNDS,
+    ReferenceRun,
+    errors,
+    fit_constants,
+    fit_efficiency,
+    predict_run,
+    run_efficiency,
+    run_errors,
+)
+from workers.planner.examples import DATA, REFERENCE_RUNS  # noqa: E402
 from workers.planner.hardware import efficiency_for  # noqa: E402
 
 TARGET_MAPE = 8.0
@@ -103,6 +119,80 @@ def measured_here(steps: int) -> bool:
     return ok
 
 
+VALIDATION_RUNS = DATA / "validation_runs.json"
+
+
+def _layout(s) -> str:
+    out = (
+        f"tp{s.tp} pp{s.pp} dp{s.dp}" + (f" cp{s.cp}" if s.cp > 1 else "") + f" z{s.zero_stage} {s.recompute}"
+    )
+    return out + (f" mbs{s.micro_batch_size}" if s.micro_batch_size else "")
+
+
+def _mape(e) -> str:
+    e = np.asarray(e, dtype=float)
+    if np.isinf(e).any():
+        return f"{np.mean(np.abs(e[np.isfinite(e)])) * 100:.1f}% (+{int(np.isinf(e).sum())} nothing fits)"
+    return f"{np.mean(np.abs(e)) * 100:.1f}%"
+
+
+def validation(tuning: list[ReferenceRun], path: Path) -> None:
+    """The gathered published runs with the shipped constants, then leave-one-paper-out and
+    leave-one-device-out over them and the tuning set."""
+    docs = json.loads(path.read_text())["runs"]
+    runs = [ReferenceRun.from_dict(d) for d in docs]
+    frameworks = {d["id"]: d["training"].get("framework", "cann-train") for d in docs}
+    print(f"validation: {len(runs)} published runs never fitted on ({path.name}); shipped constants")
+    head = f"  {'run':34s} {'paper':12s} {'device':15s} {'framework':11s} {'searched':30s} {'meas. s':>8s} {'pred. s':>8s} {'error':>7s}"
+    print(head)
+    t0 = time.perf_counter()
+    errs = []
+    for run in runs:
+        best = predict_run(run, run_efficiency(run))
+        if best is None:
+            errs.append(np.inf)
+            print(f"  {run.id:34s} {run.paper:12s} {run.device:15s} {frameworks[run.id]:11s} nothing fits")
+            continue
+        err = best.step_time_s / run.measured_step_s - 1.0
+        errs.append(err)
+        print(
+            f"  {run.id:34s} {run.paper:12s} {run.device:15s} {frameworks[run.id]:11s} {_layout(best.strategy):30s}"
+            f" {run.measured_step_s:8.2f} {best.step_time_s:8.2f} {err * 100:+6.1f}%"
+        )
+    errs = np.array(errs)
+    print(f"  all {len(runs)} unseen runs: MAPE {_mape(errs)}  ({time.perf_counter() - t0:.1f} s)")
+    for key, label in (
+        (lambda r: r.paper, "paper"),
+        (lambda r: r.device, "device"),
+        (lambda r: frameworks[r.id], "framework"),
+    ):
+        groups: dict[str, list[float]] = {}
+        for run, e in zip(runs, errs, strict=True):
+            groups.setdefault(key(run), []).append(e)
+        print(f"  by {label}: " + "; ".join(f"{k} {_mape(v)} ({len(v)})" for k, v in sorted(groups.items())))
+
+    everything = tuning + runs
+    for label, key in (("paper", lambda r: r.paper), ("device", lambda r: r.device)):
+        keys = sorted({key(r) for r in everything})
+        print()
+        print(f"leave-one-{label}-out (refit gemm_of_mamf, operand_reuse, elementwise_traffic without it):")
+        for k in keys:
+            held = [r for r in everything if key(r) == k]
+            rest = [r for r in everything if key(r) != k]
+            if not rest:
+                continue
+            t1 = time.perf_counter()
+            fitted = fit_constants(rest, iterations=40)
+            e = run_errors(held, fitted)
+            consts = ", ".join(
+                f"{n} {fitted[n]:.3f}" for n in ("gemm_of_mamf", "operand_reuse", "elementwise_traffic")
+            )
+            print(
+                f"  {k:16s} {len(held):3d} runs held out: MAPE {_mape(e):>8s}  (fit on {len(rest)}: {consts};"
+                f" {time.perf_counter() - t1:.0f} s)"
+            )
+
+
 def _fmt_eff(eff) -> str:
     return ", ".join(f"{n}={getattr(eff, n):.3f}" for n in FIT_BOUNDS)
 
@@ -116,6 +206,10 @@ def main() -> int:
         "--here", action="store_true", help="also calibrate and train the example layouts here"
     )
     parser.add_argument("--steps", type=int, default=30, help="steps per layout trained with --here")
+    parser.add_argument(
+        "--no-validation", action="store_true", help="skip the gathered runs and the leave-one-out splits"
+    )
+    parser.add_argument("--validation-runs", default=str(VALIDATION_RUNS))
     args = parser.parse_args()
     runs = [ReferenceRun.from_dict(d) for d in json.loads(Path(args.runs).read_text())["runs"]]
     devices = {r.cluster.device.name for r in runs}
@@ -182,6 +276,9 @@ def main() -> int:
             loo.append(e)
             print(f"  {run.id:32s} {e * 100:+6.1f}%")
         print(f"leave-one-out MAPE: {np.mean(np.abs(loo)) * 100:.2f}%")
+    if not args.no_validation and Path(args.validation_runs).exists():
+        print()
+        validation(runs, Path(args.validation_runs))
     here_ok = True
     if args.here:
         print()

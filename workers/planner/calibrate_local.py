@@ -409,3 +409,90 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
     paths[0].write_text(json.dumps(profile, indent=1))
     paths[1].write_text(json.dumps(cluster, indent=1))
     return profile, [str(p) for p in paths]
+
+
+# Maximum-achievable-matmul sweep for an accelerator (Bekman's mamf-finder idea, a few shapes instead of a
+# brute-force grid): large bf16 GEMMs, the shapes the MAMF table found best on A100 / H100 among them
+ACCELERATOR_SHAPES = [
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (1024, 10240, 5120),
+    (2048, 2048, 13312),
+    (6144, 17920, 2816),
+    (8192, 2048, 8192),
+    (16384, 8192, 1024),
+]
+QUICK_ACCELERATOR_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048)]
+
+
+def device_file(profile_name: str, out_dir: str | None = None) -> Path:
+    """Where ``calibrate --device`` writes an accelerator's measured achievable matmul fraction (read by
+    ``hardware.find_profile``, which lets it replace the cited figure of that profile)."""
+    return (Path(out_dir) if out_dir else calibration_dir()) / f"device-{profile_name}.json"
+
+
+def measure_matmul(kind: str, shapes=None, warmup: int = 10, iterations: int = 50) -> dict[str, Any]:
+    """Best bf16 matmul throughput on the first ``kind`` device (``cuda`` / ``npu``, or ``cpu`` for a
+    check of the mechanics): per shape the mean of ``iterations`` after ``warmup``, timed between device
+    synchronisations (MAMF methodology: Bekman, ml-engineering, compute/accelerator/benchmarks)."""
+    from workers.training.device import select_device, synchronize
+
+    choice = select_device(kind)  # DeviceUnavailable (with the reason) when the hardware is absent
+    import torch
+
+    device = choice.device_for_local_rank(0)
+    points = []
+    for m, n, k in shapes or ACCELERATOR_SHAPES:
+        a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+        b = torch.randn(k, n, dtype=torch.bfloat16, device=device)
+        for _ in range(warmup):
+            torch.matmul(a, b)
+        synchronize(choice.kind)
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            torch.matmul(a, b)
+        synchronize(choice.kind)
+        seconds = (time.perf_counter() - t0) / iterations
+        points.append({"m": m, "n": n, "k": k, "tflops": 2.0 * m * n * k / seconds / 1e12})
+        del a, b
+    best = max(points, key=lambda p: p["tflops"])
+    return {"kind": choice.kind, "device_name": choice.name, "points": points, "best": best}
+
+
+def calibrate_device(
+    kind: str, out_dir: str | None = None, quick: bool = False, shapes=None
+) -> tuple[dict[str, Any], str]:
+    """Measure an accelerator's achievable matmul fraction of its datasheet bf16 peak and write it for
+    the planner (:func:`device_file`); returns (the document, its path). The profile is the one the
+    device's name matches (``hardware.find_profile``); the datasheet peak is that profile's."""
+    from .hardware import find_profile
+
+    shapes = shapes or (QUICK_ACCELERATOR_SHAPES if quick else None)
+    found = measure_matmul(kind, shapes, warmup=3 if quick else 10, iterations=10 if quick else 50)
+    name, profile = find_profile(found["device_name"])
+    peak = profile.get("peak_tflops", {}).get("bf16")
+    if not peak:
+        raise ValueError(
+            f"the device {found['device_name']!r} matches the {name!r} profile, which has no datasheet bf16 "
+            "peak to measure a fraction of: add the device to workers/planner/data/hardware_profiles.json"
+        )
+    best = found["best"]
+    when = datetime.now(UTC).isoformat(timespec="seconds")
+    doc = {
+        "profile": name,
+        "device_name": found["device_name"],
+        "achievable_matmul": {
+            "value": round(best["tflops"] / float(peak), 4),
+            "confidence": "measured",
+            "source": (
+                f"measured by `cann-train calibrate --device {kind}` on {found['device_name']} at {when}: best "
+                f"{best['tflops']:.1f} of {peak:g} TFLOP/s bf16 (shape {best['m']}x{best['n']}x{best['k']}, "
+                f"mean of {10 if quick else 50} iterations over {len(found['points'])} shapes)"
+            ),
+        },
+        "measured": found,
+    }
+    path = device_file(name, out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+    return doc, str(path)

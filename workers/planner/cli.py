@@ -85,6 +85,12 @@ def register(subparsers) -> None:
     c.add_argument("--quick", action="store_true", help="fewer shapes and repetitions (a few seconds)")
     c.add_argument("--no-allreduce", action="store_true", help="skip the 2-process gloo measurement")
     c.add_argument("--json", action="store_true", help="print the profile as JSON")
+    c.add_argument(
+        "--device",
+        choices=("cuda", "npu"),
+        help="instead, measure this accelerator's achievable bf16 matmul fraction (a MAMF sweep) and write "
+        "var/calibration/device-<profile>.json, which the planner then uses for its compute ceiling",
+    )
     c.set_defaults(func=run_calibrate)
 
 
@@ -242,7 +248,24 @@ def format_result(result, model, cluster, training) -> str:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate_local import calibrate
+    from .calibrate_local import calibrate, calibrate_device
+
+    if args.device:
+        from workers.training.device import DeviceUnavailable
+
+        try:
+            doc, path = calibrate_device(args.device, out_dir=args.out, quick=args.quick)
+        except (DeviceUnavailable, ValueError) as exc:
+            print(f"cann-train calibrate --device {args.device}: {exc}", file=sys.stderr)
+            return EXIT_NOTHING_FITS
+        if args.json:
+            print(json.dumps(doc, indent=1))
+        else:
+            print(doc["achievable_matmul"]["source"])
+            print(
+                f"wrote {path} (profile {doc['profile']}: matmul {doc['achievable_matmul']['value']:.1%} of peak)"
+            )
+        return EXIT_OK
 
     try:
         profile, paths = calibrate(out_dir=args.out, quick=args.quick, allreduce=not args.no_allreduce)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .hardware import Efficiency, Framework, framework_for
+from .hardware import Efficiency, Framework, collectives_for, framework_for
 from .moe import MeasuredExpertLoad, expected_imbalance
 from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig, stage_split_summary
 
@@ -313,6 +313,24 @@ def reduce_scatter_time(g: GroupLinks, nbytes) -> np.ndarray:
     return 0.5 * all_reduce_time(g, nbytes)
 
 
+def shard_collective_time(g: GroupLinks, nbytes, calls=1.0, per_device_link: bool = False) -> np.ndarray:
+    """All-gather (or reduce-scatter) of a buffer that is ``nbytes`` per rank once gathered, issued as
+    ``calls`` collectives (one per FSDP block or DeepSpeed bucket). NCCL runs these as rings only (no tree:
+    NCCL documentation, collective operations): ``p - 1`` latency steps per call and ``(p-1)/p`` of the
+    buffer through the ring, whose node-boundary edges share the node's ``k`` NICs (Thakur et al. 2005,
+    ring all-gather). ``per_device_link`` (:class:`~.hardware.FrameworkCollectives`): instead each rank's
+    off-node share crosses its own NIC while its on-node share moves over the node's links."""
+    p = g.size.astype(np.float64)
+    k = g.per_node.astype(np.float64)
+    lat = np.where(g.inter, g.lat_inter, g.lat_intra)
+    ring_bw = np.where(g.inter, np.minimum(g.bw_intra, k * g.bw_inter), g.bw_intra)
+    transfer = (p - 1) / np.maximum(p, 1.0) * nbytes / ring_bw
+    if per_device_link:
+        own = np.maximum((k - 1) / p * nbytes / g.bw_intra, (p - k) / p * nbytes / g.bw_inter)
+        transfer = np.where(g.inter, own, transfer)
+    return np.where(p > 1, calls * (p - 1) * lat + transfer, 0.0)
+
+
 def all_to_all_time(g: GroupLinks, nbytes) -> np.ndarray:
     """All-to-all where each rank holds ``nbytes`` destined evenly to all ranks: (p-1) alpha, with the
     intra-node and inter-node shares moving concurrently (pairwise exchange, Thakur et al. 2005)."""
@@ -383,6 +401,8 @@ class CostModel:
         # the runtime's host-side costs (hardware.Framework): measured by `cann-train calibrate` for this
         # machine's cpu, none for the shipped accelerator profiles
         self.fw = framework if framework is not None else framework_for(cluster.device.name)
+        # how the training framework moves ZeRO-3 parameters (hardware.FrameworkCollectives)
+        self.collectives = collectives_for(training.framework)
         dev = cluster.device
         dtype = training.dtype
         peak = dev.peak_tflops.get(dtype) or dev.peak_tflops.get("bf16") or max(dev.peak_tflops.values())
@@ -508,6 +528,14 @@ class CostModel:
         edge = vocab_matrices * (m.vocab_size * m.hidden_size / t)
         expert = layers_moe * experts / (L.ep * t)
         return {"dense": body + norms + edge, "expert": expert}
+
+    def largest_matrix(self, L: Layouts) -> np.ndarray:
+        """Elements of the largest weight matrix one device holds (TP-split): what DeepSpeed must gather
+        whole whatever its live-parameter cap."""
+        m = self.model
+        kvd = m.num_kv_heads * m.head_dim
+        widest = max(m.hidden_size + 2 * kvd, m.ffn_hidden_size * (2 if m.gated else 1), m.vocab_size)
+        return m.hidden_size * widest / L.tp.astype(np.float64)
 
     def parameters_by_stage(self, L: Layouts) -> dict[str, dict[str, np.ndarray]]:
         """:meth:`_parameters_on` the ``first``, ``middle`` and ``last`` stage of :meth:`stage_layers`.
@@ -638,12 +666,23 @@ class CostModel:
             activations = per_layer * stages[kind] * in_flight[kind] + working
             if kind == "last":
                 activations = activations + logits
-            # ZeRO-3 materialises the gathered parameters of the layer being computed and of the prefetched
-            # next one (PyTorch FSDP: limit_all_gathers keeps two in flight)
-            # (the local shard of those layers is already counted, and never more than the whole stage)
-            layer_params = (dense + expert) / np.maximum(stages[kind], 1.0)
-            gathered = np.minimum(2.0 * layer_params, dense + expert) * (1.0 - 1.0 / dpcp)
-            w = w + np.where(z >= 3, gathered * self.weight_bytes, 0.0)
+            # ZeRO-3 materialises gathered parameters, and the unsharded gradients waiting for their
+            # reduce-scatter, per the framework (hardware.FrameworkCollectives): FSDP the block being
+            # computed and the prefetched next one (limit_all_gathers / FSDP2 prefetch) and one block's
+            # gradients; DeepSpeed at most max_live_parameters (never less than one whole matrix) and one
+            # reduce bucket. The local shard is already counted, and never more than the whole stage.
+            stage_params = dense + expert
+            layer_params = stage_params / np.maximum(stages[kind], 1.0)
+            c = self.collectives
+            if c.zero3_unit == "bucket" and c.max_live_parameters > 0:
+                live = np.maximum(np.minimum(c.max_live_parameters, stage_params), self.largest_matrix(L))
+                grads_live = np.minimum(c.reduce_bucket_parameters or layer_params, stage_params)
+            else:
+                live, grads_live = 2.0 * layer_params, layer_params
+            unsharded = 1.0 - 1.0 / dpcp
+            gathered = np.minimum(live, stage_params) * unsharded * self.weight_bytes
+            w = w + np.where(z >= 3, gathered, 0.0)
+            g = g + np.where(z >= 3, np.minimum(grads_live, stage_params) * unsharded * self.grad_bytes, 0.0)
             # the model state is an array over the base rows and ZeRO stages, the activations over the base
             # rows, recompute modes and SP: one full-grid sum per stage
             total = (w + g + o + framework) + activations
@@ -778,7 +817,7 @@ class CostModel:
         ideal = micro * stage_micro
         pp = self.pp_comm(L, links["pp"], micro, ideal)
         params = self.stage_parameters(L)
-        dp = self.dp_comm(L, links["dp"], links["edp"], micro, compute_micro, params)
+        dp = self.dp_comm(L, links["dp"], links["edp"], micro, compute_micro, params, layers_here)
         fw_step = layers_here * fw["step_layer"] + fw["step_fixed"]
         opt_time = self.optimizer_time(L, params) + fw_step
 
@@ -1023,11 +1062,14 @@ class CostModel:
         micro: np.ndarray,
         compute_micro: np.ndarray,
         params: dict[str, np.ndarray],
+        layers_here: np.ndarray | float = 1.0,
     ) -> dict[str, np.ndarray]:
         """Data-parallel gradient reduction (and ZeRO parameter gathers) of one step for the stage
-        ``params`` of :meth:`stage_parameters`: ``time`` (all of it), ``exposed`` (what the backward and
-        forward of ``compute_micro`` seconds do not hide, plus the slowdown of what they do) and ``volume``
-        (bytes per device)."""
+        ``params`` of :meth:`stage_parameters` (``layers_here`` layers): ``time`` (all of it), ``exposed``
+        (what the backward and forward of ``compute_micro`` seconds do not hide, plus the slowdown of what
+        they do) and ``volume`` (bytes per device). ZeRO-3's per-micro-batch gathers follow the framework's
+        :class:`~.hardware.FrameworkCollectives` (rings over the node's NICs or each rank's own link, one
+        collective per block or per prefetch bucket)."""
         full, _sel = _recompute_flags(L)
         passes = _layer_passes(L)
         # DP: gradient all-reduce (ZeRO 0), or reduce-scatter + parameter all-gather (ZeRO >= 1);
@@ -1055,6 +1097,24 @@ class CostModel:
         exposed1 = np.maximum(0.0, rs - bwd_micro) + np.maximum(0.0, ag - fwd_micro)
         exposed2 = micro * np.maximum(0.0, rs - bwd_micro) + np.maximum(0.0, ag - fwd_micro)
         # ZeRO-3 gathers parameters before each forward and backward (and recompute) of every micro-batch
+        # and reduce-scatters the gradients after each backward, in the framework's collectives
+        c = self.collectives
+        own_link = c.zero3_inter_node == "per_device_link"
+        blocks = np.asarray(layers_here, dtype=np.float64) + 1.0  # the blocks, and the embedding/head
+        if c.zero3_unit == "bucket" and c.prefetch_parameters > 0:
+            # DeepSpeed gathers whole parameters, small ones coalesced up to a prefetch bucket: one call
+            # per weight matrix (4 per block, 5 gated) when matrices exceed the bucket, fewer otherwise
+            matrices = blocks * (self.mats + 2.0)
+            buckets = np.ceil((params["dense"] + params["expert"]) / c.prefetch_parameters)
+            calls = np.maximum(1.0, np.minimum(matrices, buckets))
+        else:
+            calls = blocks
+        expert_calls = np.where(params["expert"] > 0, calls, 0.0)
+        rs3 = shard_collective_time(dp_links, dense_b, calls, own_link) + shard_collective_time(
+            edp_links, expert_b, expert_calls, own_link
+        )
+        ag = wb * rs3
+        rs = rs3
         ag3 = micro * (2.0 + full) * ag
         exposed3 = micro * (
             np.maximum(0.0, (1.0 + full) * ag - fwd3 * (1.0 + full)) + np.maximum(0.0, ag + rs - bwd3)

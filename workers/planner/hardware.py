@@ -54,13 +54,118 @@ class Efficiency:
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> Efficiency:
+        """The profile's constants; ``gemm_max`` and ``gemm_half_intensity``, where the profile does not
+        list them (every accelerator), derived from its cited ``achievable_matmul`` (:func:`derive_gemm`)."""
         eff = profile["efficiency"]
-        return cls(**{f.name: float(eff[f.name]["value"]) for f in fields(cls) if f.name in eff})
+        values = {f.name: float(eff[f.name]["value"]) for f in fields(cls) if f.name in eff}
+        if "gemm_max" not in values and "achievable_matmul" in profile:
+            values.update(derive_gemm(profile))
+        return cls(**values)
 
     def replace(self, **changes: float) -> Efficiency:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         return Efficiency(**values)
+
+
+def model_constants() -> dict[str, float]:
+    """The device-independent compute constants (``model_constants`` of the profiles file): ``gemm_of_mamf``
+    (training GEMMs / best-shape matmul throughput) and ``operand_reuse`` (effective operand bandwidth /
+    HBM bandwidth), fitted once on the A100 runs."""
+    doc = load_profiles()["model_constants"]
+    return {k: float(v["value"]) for k, v in doc.items() if isinstance(v, dict)}
+
+
+def _peak_and_bandwidth(profile: dict[str, Any]) -> tuple[float, float]:
+    peak = profile["peak_tflops"]
+    return float(peak.get("bf16") or peak.get("fp16")) * 1e12, float(profile["memory_bandwidth_GBps"]) * 1e9
+
+
+def derive_gemm(profile: dict[str, Any], constants: dict[str, float] | None = None) -> dict[str, float]:
+    """``gemm_max`` and ``gemm_half_intensity`` of an accelerator from its achievable matmul fraction
+    (a cited microbenchmark, or ``cann-train calibrate`` on the device) and its datasheet peak and memory
+    bandwidth: ``gemm_max = gemm_of_mamf * achievable_matmul``, ``gemm_half_intensity = peak * gemm_max /
+    (operand_reuse * bandwidth)``. Achievable compute is thereby a property of the device; only the two
+    shape constants are shared (``constants``, default :func:`model_constants`)."""
+    c = constants or model_constants()
+    gemm_max = c["gemm_of_mamf"] * float(profile["achievable_matmul"]["value"])
+    peak, bandwidth = _peak_and_bandwidth(profile)
+    return {"gemm_max": gemm_max, "gemm_half_intensity": peak * gemm_max / (c["operand_reuse"] * bandwidth)}
+
+
+def constants_of(eff: Efficiency, profile: dict[str, Any]) -> dict[str, float]:
+    """The inverse of :func:`derive_gemm`: the shape constants that give ``eff`` on the device of
+    ``profile`` (how a fit on one device carries to another: leave-one-device-out)."""
+    peak, bandwidth = _peak_and_bandwidth(profile)
+    return {
+        "gemm_of_mamf": eff.gemm_max / float(profile["achievable_matmul"]["value"]),
+        "operand_reuse": peak * eff.gemm_max / (eff.gemm_half_intensity * bandwidth),
+    }
+
+
+def achievable_compute(device_name: str) -> dict[str, Any] | None:
+    """What a plan shows of where its compute ceiling comes from: the device's achievable matmul fraction
+    with its source and confidence, and the ``gemm_max`` derived from it (None for profiles that list their
+    own ``gemm_max``: the measured cpu, the generic fallback)."""
+    name, profile = find_profile(device_name)
+    entry = profile.get("achievable_matmul")
+    if not entry or "gemm_max" in profile.get("efficiency", {}):
+        return None
+    return {
+        "profile": name,
+        "matmul_fraction_of_peak": float(entry["value"]),
+        "confidence": entry.get("confidence", "published"),
+        "source": entry["source"],
+        "gemm_max": round(derive_gemm(profile)["gemm_max"], 4),
+    }
+
+
+@dataclass(frozen=True)
+class FrameworkCollectives:
+    """How a training framework moves ZeRO-3 parameters and gradients (``frameworks`` in the profiles
+    file, one source per field): what the cost model charges per micro-batch for the gathers."""
+
+    name: str
+    zero3_inter_node: str = "ring"
+    """``ring``: NCCL-style rings whose node-boundary edges use all of a node's NICs at once (a node's
+    inbound traffic is the gathered buffer once); ``per_device_link``: each rank's off-node share of every
+    gather crosses its own NIC (the node moves the buffer once per local rank)."""
+    zero3_unit: str = "layer"
+    """``layer``: one all-gather / reduce-scatter per transformer block (FSDP wrapping), two blocks'
+    parameters live (the computed and the prefetched one); ``bucket``: per prefetch bucket of
+    ``prefetch_parameters`` elements, at most ``max_live_parameters`` gathered at once (DeepSpeed)."""
+    prefetch_parameters: float = 0.0
+    max_live_parameters: float = 0.0
+    reduce_bucket_parameters: float = 0.0
+    """Gradient elements reduced at once (DeepSpeed ``reduce_bucket_size``); 0: one block's (FSDP)."""
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """The model as a plan stores it: each field with its source."""
+        out: dict[str, Any] = {"framework": self.name, "zero3_inter_node": self.zero3_inter_node}
+        out["zero3_unit"] = self.zero3_unit
+        if self.zero3_unit == "bucket":
+            out["prefetch_parameters"] = self.prefetch_parameters
+            out["max_live_parameters"] = self.max_live_parameters
+            out["reduce_bucket_parameters"] = self.reduce_bucket_parameters
+        out["sources"] = dict(self.sources)
+        return out
+
+
+def collectives_for(framework: str) -> FrameworkCollectives:
+    """The collective model of a framework (``cann-train`` when it has no entry)."""
+    frameworks = load_profiles().get("frameworks", {})
+    doc = frameworks.get(framework) or frameworks["cann-train"]
+    values: dict[str, Any] = {}
+    sources = []
+    for f in fields(FrameworkCollectives):
+        entry = doc.get(f.name)
+        if isinstance(entry, dict):
+            values[f.name] = entry["value"]
+            sources.append((f.name, entry["source"]))
+    return FrameworkCollectives(
+        name=framework if framework in frameworks else "cann-train", sources=tuple(sources), **values
+    )
 
 
 @dataclass(frozen=True)
@@ -155,12 +260,30 @@ def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:
     for name, profile in profiles.items():
         names = [name.lower(), *(a.lower() for a in profile.get("aliases", []))]
         if key in names:
-            return name, profile
+            return name, _with_device_calibration(name, profile)
     for name, profile in profiles.items():
         names = [name.lower(), *(a.lower() for a in profile.get("aliases", []))]
         if any(n and (n in key or key in n) for n in names if n != "generic"):
-            return name, profile
+            return name, _with_device_calibration(name, profile)
     return "generic", profiles["generic"]
+
+
+def _with_device_calibration(name: str, profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile with the achievable matmul fraction ``cann-train calibrate --device`` measured on this
+    kind of device, when it did (``var/calibration/device-<profile>.json``): a measurement here beats the
+    cited figure, and the plan's ``achievable_compute`` says which it used."""
+    path = calibration_dir() / f"device-{name}.json"
+    try:
+        stat = path.stat()
+        doc = _read_calibration(str(path), stat.st_mtime_ns, stat.st_size)
+    except (OSError, ValueError):
+        return profile
+    measured = doc.get("achievable_matmul") if isinstance(doc, dict) else None
+    if not isinstance(measured, dict) or not isinstance(measured.get("value"), int | float):
+        return profile
+    if not 0.05 <= measured["value"] <= 1.2:  # a broken or foreign file must not move every plan
+        return profile
+    return {**profile, "achievable_matmul": measured}
 
 
 def profile_origin(device_name: str) -> dict[str, Any]:
@@ -169,11 +292,15 @@ def profile_origin(device_name: str) -> dict[str, Any]:
     cpu and ``cann-train calibrate`` never ran here, so the prediction rests on the shipped placeholder."""
     name, profile = find_profile(device_name)
     if name != "cpu":
-        return {
+        out = {
             "name": name,
             "origin": f"data/{PROFILES_PATH.name}",
             "confidence": profile.get("confidence", "published"),
         }
+        # where the compute ceiling comes from (a cited matmul microbenchmark, or an assumption: it says so)
+        if (compute := achievable_compute(device_name)) is not None:
+            out["achievable_compute"] = compute
+        return out
     _profile, origin = _cpu_profile()
     if origin == CPU_DEFAULT_ORIGIN:
         return {"name": name, "origin": origin, "confidence": "default", "note": UNCALIBRATED_NOTE}

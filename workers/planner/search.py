@@ -594,6 +594,9 @@ def _plans(
         # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
         predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
         predicted["placement"] = placements[i]
+        if int(flat.zero[i]) >= 3 and int(flat.dp[i] * flat.cp[i]) > 1:
+            # how the framework's ZeRO-3 gathers were charged (hardware.FrameworkCollectives)
+            predicted["zero3_collectives"] = cm.collectives.describe()
         strategy = _with_stage_split(cm.model, flat.strategy(i, order), pinned)
         out.append(Plan(strategy, fits, reason, predicted))
     return out

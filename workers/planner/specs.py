@@ -16,6 +16,11 @@ from typing import Any
 ACTIVATIONS = ("gelu", "swiglu", "relu", "geglu")
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+FRAMEWORKS = ("cann-train", "megatron-lm", "deepspeed", "fsdp")
+"""Training frameworks whose collective behaviour the planner models (``hardware_profiles.json``
+``frameworks``): ``cann-train`` is this product's runtime (DDP / FSDP2 + DTensor TP, the default),
+``megatron-lm`` Megatron-LM / Megatron-Core (also NeMo), ``deepspeed`` DeepSpeed ZeRO (also
+Megatron-DeepSpeed), ``fsdp`` PyTorch FSDP / FSDP2 outside this product (Composer, torchtitan, fairseq)."""
 RECOMPUTE_MODES = ("none", "selective", "full")
 # bytes per element of a tensor stored in each dtype
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -618,6 +623,10 @@ class TrainingConfig:
     DDP/FSDP buckets, Megatron ``--overlap-grad-reduce``). False is the Megatron-LM default: reduce
     after the last backward, then all-gather the parameters after the step."""
 
+    framework: str = "cann-train"
+    """Which framework runs the step (:data:`FRAMEWORKS`): it decides how the ZeRO collectives move (see
+    ``hardware.FrameworkCollectives``)."""
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainingConfig:
         c = _Checker(d, "training")
@@ -631,6 +640,7 @@ class TrainingConfig:
             global_batch_size=c.integer("global_batch_size"),
             dtype=c.choice("dtype", DTYPES, default="bf16"),
             optimizer=c.choice("optimizer", OPTIMIZERS, default="adam"),
+            framework=c.choice("framework", FRAMEWORKS, default="cann-train"),
             **flags,
         )
         c.done()
@@ -641,6 +651,8 @@ class TrainingConfig:
         for name in ("flash_attention", "overlap_grad_reduce"):
             if not d[name]:
                 d.pop(name)
+        if d["framework"] == "cann-train":
+            d.pop("framework")
         return d
 
 

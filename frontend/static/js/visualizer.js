@@ -166,6 +166,12 @@ export function initSearchPage() {
         (p.idle_note ? ` · ${p.idle_note}` : "") +
         (p.moe_imbalance ? ` · MoE imbalance ${p.moe_imbalance.value.toFixed(3)} (${p.moe_imbalance.method})` : "") +
         (p.correction ? ` · ${p.correction.summary}` : "") +
+        (p.efficiency_profile?.achievable_compute ? ` · compute ceiling ${pct(p.efficiency_profile.achievable_compute.gemm_max)} ` +
+          `of peak (matmul ${pct(p.efficiency_profile.achievable_compute.matmul_fraction_of_peak)}, ` +
+          `${p.efficiency_profile.achievable_compute.confidence})` : "") +
+        (p.zero3_collectives ? ` · ZeRO-3 gathers: ${p.zero3_collectives.framework}, ` +
+          `${p.zero3_collectives.zero3_inter_node === "ring" ? "rings over the node's NICs" : "each rank's own NIC"}, ` +
+          `per ${p.zero3_collectives.zero3_unit}` : "") +
         (p.energy?.tokens_per_kwh != null ? ` · ${num(p.energy.tokens_per_kwh)} tokens/kWh, ` +
           `${num(p.energy.watts_per_device)} W/device (predicted)` : "") +
         (plan.feasible === false ? ` · infeasible: ${plan.reason}` : ""),
