@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -152,8 +155,24 @@ class FrameworkCollectives:
         return out
 
 
+_COLLECTIVES_OVERRIDE: ContextVar[FrameworkCollectives | None] = ContextVar("collectives", default=None)
+
+
+@contextmanager
+def collectives_override(model: FrameworkCollectives) -> Iterator[None]:
+    """Cost every framework's ZeRO-3 collectives with ``model`` inside the block: how
+    ``bench/planner_accuracy.py`` puts the alternatives side by side on the same runs."""
+    token = _COLLECTIVES_OVERRIDE.set(model)
+    try:
+        yield
+    finally:
+        _COLLECTIVES_OVERRIDE.reset(token)
+
+
 def collectives_for(framework: str) -> FrameworkCollectives:
     """The collective model of a framework (``cann-train`` when it has no entry)."""
+    if (override := _COLLECTIVES_OVERRIDE.get()) is not None:
+        return override
     frameworks = load_profiles().get("frameworks", {})
     doc = frameworks.get(framework) or frameworks["cann-train"]
     values: dict[str, Any] = {}
