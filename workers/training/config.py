@@ -159,6 +159,12 @@ class TrainingSpec(TrainingConfig):
             raise ConfigError(
                 "training.dtype", f"the runtime trains in {', '.join(RUNTIME_DTYPES)}, got {t.dtype!r}"
             )
+        if t.framework != "cann-train":
+            raise ConfigError(
+                "training.framework",
+                f"this runtime is cann-train (DDP / FSDP2 / DTensor), got {t.framework!r}: a plan for another "
+                "framework is a planning figure; drop the field (or set it to cann-train) to train it here",
+            )
         return cls(**{f.name: getattr(t, f.name) for f in fields(t)})
 
 
