@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import RUNS
 from workers.training.cli import run_local
 from workers.training.config import JobConfig
+from workers.training.parallel.dims import ParallelDims
 
 pytestmark = pytest.mark.slow
 
@@ -115,6 +116,59 @@ def test_parallel_run_matches_single_process(case, reference):
         # ZeRO shards every weight once over the 4 ranks: the dense ones over dp, each expert set over
         # the 2 ranks holding it (experts whole on every rank would be ~40% more)
         assert run["parameters_rank0"] == pytest.approx(run["parameters_total"] / 4, rel=0.03)
+
+
+# Each strategy trained in the default placement (tp-cp-ep-dp-pp) and in one the planner can recommend
+# that moves the groups: dp innermost (its FSDP shards and the dp_cp flattening), pipeline stages inside
+# the replicas, EP groups carved from a dp-first block.
+ORDER_CASES = {
+    "tp2-dp2-dp-innermost": ("tiny-dense.json", {"tp": 2, "dp": 2, "micro_batch_size": 2}, "dp-tp-cp-ep-pp"),
+    "cp2-dp2-zero3-dp-before-cp": (
+        "tiny-dense.json",
+        {"cp": 2, "dp": 2, "micro_batch_size": 2, "zero_stage": 3},
+        "tp-dp-cp-ep-pp",
+    ),
+    "pp2-dp2-stages-inside-replicas": (
+        "tiny-dense.json",
+        {"pp": 2, "dp": 2, "micro_batch_size": 1},
+        "tp-cp-ep-pp-dp",
+    ),
+    "cp2-dp2-ep2-moe-dp-before-cp": (
+        "tiny-moe.json",
+        {"cp": 2, "dp": 2, "ep": 2, "micro_batch_size": 2},
+        "tp-dp-cp-ep-pp",
+    ),
+}
+ORDER_STEPS = 3
+DEGREES = {"tp": 1, "cp": 1, "dp": 1, "pp": 1, "ep": 1}
+
+
+@pytest.mark.parametrize("case", list(ORDER_CASES))
+def test_a_rank_order_trains_as_the_default_one(case):
+    """The placement moves ranks between groups, not the arithmetic: the same losses and gradient norms
+    (every group's members sit in coordinate order, so even the reduction order is the same)."""
+    model, strategy, order = ORDER_CASES[case]
+    default = train(job(model, strategy, steps=ORDER_STEPS))
+    placed = train(job(model, {**strategy, "order": order}, steps=ORDER_STEPS))
+    assert (default["strategy_config"]["order"], placed["strategy_config"]["order"]) == (
+        "tp-cp-ep-dp-pp",
+        order,
+    )
+    assert default["steps"] == placed["steps"] == ORDER_STEPS
+    worst = max(abs(a - b) / abs(b) for a, b in zip(placed["losses"], default["losses"], strict=True))
+    print(f"\n{case}: {order} vs default, worst relative loss difference {worst:.1e}")
+    assert placed["losses"] == pytest.approx(default["losses"], rel=1e-5)
+    assert placed["grad_norm_last"] == pytest.approx(default["grad_norm_last"], rel=1e-5)
+    assert placed["parameters_rank0"] == default["parameters_rank0"]  # rank 0 holds the same pieces
+    # ... in other groups: rank 0's as the layout places them
+    world = default["world_size"]
+    for run, o in ((default, "tp-cp-ep-dp-pp"), (placed, order)):
+        degrees = {**DEGREES, **{k: v for k, v in strategy.items() if k in DEGREES}}
+        dims = ParallelDims(world_size=world, order=o, **degrees)
+        assert run["groups"] == dims.groups(0)
+    assert placed["groups"] != default["groups"]
+    if "moe" in model:
+        assert placed["expert_load"] == pytest.approx(default["expert_load"], abs=1e-5)
 
 
 def test_a_different_data_order_is_caught(reference):

@@ -141,7 +141,6 @@ def test_runtime_defaults_differ_from_the_planner_only_on_purpose():
     [
         ({"training": {"dtype": "fp8"}}, "training.dtype"),  # the planner costs fp8; no autocast to it here
         ({"training": {"framework": "deepspeed"}}, "training.framework"),  # planned, not run, here
-        ({"strategy": {"order": "pp-dp-ep-cp-tp"}}, "strategy.order"),  # one rank placement
         ({"strategy": {"vpp": 2}}, "strategy.vpp"),  # interleaving needs pipeline stages
     ],
 )

@@ -87,10 +87,6 @@ def parse_model(d: Any) -> ModelSpec:
     return m
 
 
-# The runtime's rank placement: ParallelDims.build_mesh lays ranks out as (pp, dp, cp, tp), tp innermost.
-RUNTIME_ORDER = "tp-cp-ep-dp-pp"
-
-
 @dataclass(frozen=True)
 class ParallelConfig(Strategy):
     """``strategy.json`` as the runtime runs it: the planner's :class:`Strategy` (same fields, same parser),
@@ -108,15 +104,15 @@ class ParallelConfig(Strategy):
     - ``micro_batch_size``: ``global_batch_size / (dp * micro_batch_size)`` micro-batches a step.
     - ``recompute``: activation checkpointing, ``selective`` (attention core) or ``full`` (per block).
     - ``sequence_parallel``: with ``tp > 1``, norms and residual stream sharded on the sequence dimension.
+    - ``order``: any placement the planner accepts (a permutation of ``tp-cp-ep-dp-pp``, innermost first):
+      global ranks follow its dense dimensions as the planner's ``group_strides`` assumes, and every group,
+      pipeline stage, data shard and expert set follows the rank's coordinates
+      (:class:`~workers.training.parallel.dims.ParallelDims`).
     """
 
     @classmethod
     def from_dict(cls, d: Any) -> ParallelConfig:
         s = _planner_parse(Strategy.from_dict, d, "strategy")
-        if s.order != RUNTIME_ORDER:
-            raise ConfigError(
-                "strategy.order", f"the runtime places ranks {RUNTIME_ORDER} only, got {s.order!r}"
-            )
         # Runtime default, on purpose: a field left out is one rank, nothing sharded or recomputed
         # (PLAIN_STRATEGY) — a CPU run by default — where the planner would search it.
         return cls(**{f.name: getattr(s, f.name) for f in fields(s)}).completed()

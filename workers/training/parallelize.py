@@ -152,6 +152,7 @@ def parallelize(
     dims = ParallelDims.from_strategy(s, world_size)
     coords = dims.coordinates(rank)
     mesh, moe_mesh = dims.build_mesh(device.type)
+    dims.check_mesh(rank, mesh, moe_mesh)  # groups, stages, shards and data follow strategy.order
     ep_group = moe_mesh["ep"].get_group() if moe_mesh is not None else None
     edp_group = moe_mesh["edp"].get_group() if moe_mesh is not None and dims.replicas // dims.ep > 1 else None
     replica_mesh = dims.replica_mesh(mesh)

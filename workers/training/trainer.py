@@ -639,6 +639,7 @@ class Trainer:
             "strategy_config": {
                 k: getattr(self.cfg.strategy, k) for k in self.cfg.strategy.__dataclass_fields__
             },
+            "groups": self.pm.dims.groups(self.rank),  # this rank's groups under strategy.order
             "model": self.cfg.model.name,
             "device": self.device_choice.kind,
             "steps": len(h),
