@@ -13,8 +13,8 @@ from workers.planner.examples import CONTRACTS
 from workers.planner.hardware import efficiency_for
 from workers.planner.visual import plan_visuals
 
-# the seed MoE scenario's degrees, the rest searched: tp=2 x cp=2 fill half a node, so under the default
-# order the 8-wide EP group strides over two nodes; with cp innermost it does not
+# the seed MoE scenario's degrees, the rest searched: tp=2 x cp=2 fill half a node, so the 8-wide EP group
+# spans two nodes in every candidate order (with cp innermost too: tp sits between cp and dp)
 DEGREES = {"tp": 2, "pp": 16, "dp": 16, "ep": 8, "cp": 2}
 
 
@@ -39,20 +39,39 @@ OVERSUBSCRIBED = [
 ]
 
 
-def test_oversubscribed_two_tier_cluster_picks_an_order_that_keeps_traffic_under_the_leaf(moe):
+def test_oversubscribed_two_tier_cluster_keeps_the_fastest_order_and_measures_it(moe):
+    """Every candidate order is timed and the fastest kept. With the groups' true spans (an EP group of
+    tp2 x cp2 x ep8 spans 16 ranks in every candidate order: tests/unit/test_rank_order.py) Megatron's
+    default order is already the fastest here, so the plan says it saves nothing against itself."""
     model, training = moe
-    best = search(model, atlas(OVERSUBSCRIBED), training, fixed=DEGREES, top_k=1, scaling=False).best
+    result = search(model, atlas(OVERSUBSCRIBED), training, fixed=DEGREES, top_k=1, scaling=False)
+    best = result.best
     placement = best.predicted["placement"]
-    assert best.strategy.order != DEFAULT_ORDER
-    assert best.to_dict()["strategy"]["order"] == best.strategy.order  # the plan's strategy says so
+    assert len(result.stats["orders_tried"]) > 1
+    assert best.to_dict()["strategy"].get("order", DEFAULT_ORDER) == best.strategy.order
     assert placement["order"] == best.strategy.order
     blind = placement["topology_blind"]
     assert blind["order"] == DEFAULT_ORDER
-    assert placement["cross_switch_GB_per_step"] < blind["cross_switch_GB_per_step"]
-    assert best.predicted["step_time_s"] < blind["step_time_s"]
+    assert best.predicted["step_time_s"] <= blind["step_time_s"]
+    assert placement["cross_switch_GB_per_step"] == pytest.approx(blind["cross_switch_GB_per_step"])
+    assert placement["saving_pct"] == pytest.approx(0.0, abs=0.2)
+
+
+def test_a_worse_order_pays_for_the_bytes_it_sends_across_the_leaf(moe):
+    """dp inside cp (tp-dp-cp-ep-pp) strides the cp ring and the EP group over more leaves: the plan
+    reports more cross-switch bytes than the topology-blind placement (a negative saving) and a slower
+    step, charged through the 4:1 leaf uplinks."""
+    model, training = moe
+    fixed = {**DEGREES, "order": "tp-dp-cp-ep-pp"}
+    best = search(model, atlas(OVERSUBSCRIBED), training, fixed=fixed, top_k=1, scaling=False).best
+    placement = best.predicted["placement"]
+    blind = placement["topology_blind"]
+    assert placement["cross_switch_GB_per_step"] > 2 * blind["cross_switch_GB_per_step"]
+    assert best.predicted["step_time_s"] > blind["step_time_s"]
     assert placement["saving_pct"] == pytest.approx(
         100 * (1 - placement["cross_switch_GB_per_step"] / blind["cross_switch_GB_per_step"]), abs=0.2
     )
+    assert placement["saving_pct"] < 0
 
 
 @pytest.mark.parametrize("order", [DEFAULT_ORDER, "tp-dp-cp-ep-pp"])

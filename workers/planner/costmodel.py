@@ -164,12 +164,30 @@ class GroupLinks:
     lat_inter: float
 
 
+def _block(layouts: Layouts, stride: dict[str, np.ndarray], order: str):
+    """The cp x dp block of a stage in ``order``: ``(inner size, inner stride, outer stride)``, the inner
+    being the one of cp / dp placed first. The block's member j sits at ``(j % I) * s_in + (j // I) *
+    s_out``; an outer dimension of size 1 is taken as contiguous (its stride never matters)."""
+    dense = [p for p in order.split("-") if p != "ep"]
+    inner, outer = ("cp", "dp") if dense.index("cp") < dense.index("dp") else ("dp", "cp")
+    sizes = {"cp": layouts.cp, "dp": layouts.dp}
+    size_in = sizes[inner].astype(np.float64)
+    s_in = stride[inner].astype(np.float64)
+    s_out = np.where(sizes[outer] == 1, size_in * s_in, stride[outer]).astype(np.float64)
+    return size_in, s_in, s_out
+
+
 def group_strides(layouts: Layouts, order: str) -> dict[str, np.ndarray]:
     """Rank stride of each group kind for a placement ``order`` (innermost first), e.g. tp-cp-ep-dp-pp.
 
     Dense groups ignore ``ep``; the EP group takes ``ep`` consecutive members of the combined cp*dp
     dimension starting at its innermost part (Megatron-Core RankGenerator, expert decomposition), and
-    the expert-data-parallel group the remaining ``cp*dp/ep`` members.
+    the expert-data-parallel group the remaining ``cp*dp/ep`` members (every ``ep``-th). A group that
+    straddles both parts of a block that is not contiguous (another dimension placed between cp and dp)
+    gets the stride of the same span: ``span / size`` (``ep`` members past the inner part span
+    ``ep / I`` outer steps, so stride ``s_out / I``; the EDP group ``s_out * ep / I``), which is what
+    ``group_links`` needs to tell whether the group leaves a node and how many members share one. The
+    runtime places ranks exactly so (``workers/training/parallel/dims.py``, ``tests/unit/test_rank_order.py``).
     """
     dense = [p for p in order.split("-") if p != "ep"]
     sizes = {"tp": layouts.tp, "cp": layouts.cp, "dp": layouts.dp, "pp": layouts.pp}
@@ -178,27 +196,19 @@ def group_strides(layouts: Layouts, order: str) -> dict[str, np.ndarray]:
     for name in dense:
         stride[name] = acc
         acc = acc * sizes[name]
-    inner = "cp" if dense.index("cp") < dense.index("dp") else "dp"
-    # the cp*dp block is contiguous only when cp and dp are adjacent in the order; otherwise the EP group
-    # follows the innermost of the two (a conservative choice: wider stride)
-    stride["ep"] = stride[inner]
-    outer = "dp" if inner == "cp" else "cp"
-    adjacent = abs(dense.index("cp") - dense.index("dp")) == 1
-    # expert-data-parallel: stride past the EP members inside the block
-    stride["edp"] = np.where(adjacent, stride[inner] * layouts.ep, stride[outer])
+    size_in, s_in, s_out = _block(layouts, stride, order)
+    ep = layouts.ep.astype(np.float64)
+    stride["ep"] = np.where(ep <= size_in, s_in, np.maximum(s_in, s_out / size_in))
+    stride["edp"] = np.maximum(ep * s_in, s_out * ep / size_in)
     return stride
 
 
 def gradient_group_stride(layouts: Layouts, strides: dict[str, np.ndarray], order: str) -> np.ndarray:
-    """Stride of the gradient (dp x cp) group. With cp = 1 it is the dp group itself (and vice versa);
-    when both are > 1 the block is contiguous only if cp and dp are adjacent in the order (stride of the
-    inner one); otherwise its members spread at the outer one's stride (conservative: the wider span)."""
-    dense = [p for p in order.split("-") if p != "ep"]
-    adjacent = abs(dense.index("cp") - dense.index("dp")) == 1
-    both = np.where(
-        adjacent, np.minimum(strides["dp"], strides["cp"]), np.maximum(strides["dp"], strides["cp"])
-    )
-    return np.where(layouts.cp == 1, strides["dp"], np.where(layouts.dp == 1, strides["cp"], both))
+    """Stride of the gradient (dp x cp) group: the whole cp x dp block, ``s_out / I`` (the inner one's
+    stride when cp and dp are adjacent in the order; the span-preserving stride when another dimension
+    sits between them); with cp = 1 it is the dp group itself (and vice versa)."""
+    size_in, s_in, s_out = _block(layouts, strides, order)
+    return np.maximum(s_in, s_out / size_in)
 
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -248,15 +258,30 @@ def cross_tier_fraction(
     return np.where(g > 1, (switches - 1) / np.maximum(g - 1, 1), 0.0)
 
 
-def group_links(cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride: np.ndarray) -> GroupLinks:
-    """Links crossed by groups of ``size`` ranks spaced ``stride`` apart, ranks filling nodes in order."""
+def block_per_node(n: int, c_in, s_in, c_out, s_out) -> np.ndarray:
+    """Members per node of a two-level group: ``c_in`` members ``s_in`` apart, repeated ``c_out`` times
+    ``s_out`` apart (a group carved from a cp x dp block with another dimension between them); ranks fill
+    nodes of ``n`` in order, groups aligned."""
+    c_in, s_in = np.asarray(c_in, dtype=np.int64), np.maximum(np.asarray(s_in, dtype=np.int64), 1)
+    c_out, s_out = np.asarray(c_out, dtype=np.int64), np.maximum(np.asarray(s_out, dtype=np.int64), 1)
+    fits = c_in * s_in <= n
+    inner = np.where(fits, c_in, np.maximum(1, n // s_in))
+    outer = np.where(fits, np.minimum(c_out, np.maximum(1, n // s_out)), 1)
+    return np.minimum(inner * outer, c_in * c_out)
+
+
+def group_links(
+    cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride: np.ndarray, per_node=None
+) -> GroupLinks:
+    """Links crossed by groups of ``size`` ranks spaced ``stride`` apart, ranks filling nodes in order;
+    ``per_node`` (from :func:`block_per_node`) where the members cluster unevenly."""
     n = cluster.devices_per_node
     size = np.asarray(size, dtype=np.int64)
     stride = np.asarray(stride, dtype=np.int64)
     span = size * stride  # ranks from the first member to one past the last
     inter = span > n
-    per_node = np.where(inter, np.maximum(1, n // np.maximum(stride, 1)), size)
-    per_node = np.minimum(per_node, size)
+    spread = np.maximum(1, n // np.maximum(stride, 1)) if per_node is None else per_node
+    per_node = np.minimum(np.where(inter, spread, size), size)
     span_nodes = np.ceil(span / n)
     # switch tiers: traffic that leaves a tier-i domain is limited by the product of the
     # oversubscriptions below it (fat-tree taper, Leiserson 1985): a leaf with s:1 oversubscription has
@@ -870,14 +895,29 @@ class CostModel:
     def links(self, L: Layouts) -> dict[str, GroupLinks]:
         """The links every parallel group of each layout crosses under this model's placement ``order``:
         ``tp``, ``cp``, ``dp`` (the dp x cp gradient group), ``ep``, ``edp`` (expert data parallel), ``pp``."""
-        eff = self.eff
+        eff, n = self.eff, self.cluster.devices_per_node
         strides = group_strides(L, self.order)
+        # the groups carved from the cp x dp block: members per node of their two levels
+        size_in, s_in, s_out = _block(L, strides, self.order)
+        size_in = size_in.astype(np.int64)
+        block = L.dp * L.cp
+        ep = L.ep
+        ep_in = np.minimum(ep, size_in)
+        ep_node = block_per_node(n, ep_in, s_in, np.maximum(ep // np.maximum(ep_in, 1), 1), s_out)
+        edp_node = np.where(
+            ep < size_in,
+            block_per_node(n, size_in // np.maximum(ep, 1), ep * s_in, block // size_in, s_out),
+            block_per_node(n, 1, 1, block // ep, strides["edp"]),
+        )
+        dp_node = block_per_node(n, size_in, s_in, block // size_in, s_out)
         return {
             "tp": group_links(self.cluster, eff, L.tp, strides["tp"]),
             "cp": group_links(self.cluster, eff, L.cp, strides["cp"]),
-            "dp": group_links(self.cluster, eff, L.dp * L.cp, gradient_group_stride(L, strides, self.order)),
-            "ep": group_links(self.cluster, eff, L.ep, strides["ep"]),
-            "edp": group_links(self.cluster, eff, (L.dp * L.cp) // L.ep, strides["edp"]),
+            "dp": group_links(
+                self.cluster, eff, block, gradient_group_stride(L, strides, self.order), dp_node
+            ),
+            "ep": group_links(self.cluster, eff, ep, strides["ep"], ep_node),
+            "edp": group_links(self.cluster, eff, block // ep, strides["edp"], edp_node),
             "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),
         }
 

@@ -833,7 +833,7 @@ class Strategy:
         ``none`` and ``sp`` (sequence parallelism, only with ``tp > 1``: it is a no-op without) when set, in
         that order: ``tp1-pp1-dp2-ep1``, ``tp2-pp4-dp8-ep2-cp2-z1-rsel``, ``tp8-pp8-dp16-ep1-z1-rfull-sp``.
         ``micro_batch_size`` is left out (a batching choice, not a layout: a job keeps its name across batch
-        sizes), and so is ``order`` (one per search; the runtime places ranks in the default order).
+        sizes), and so is ``order`` (a placement, not a layout: the runtime places ranks in it).
         Open fields are named at their :data:`PLAIN_STRATEGY` value."""
         s = self.completed()
         parts = [f"tp{s.tp}", f"pp{s.pp}", f"dp{s.dp}", f"ep{s.ep}"]
