@@ -7,6 +7,11 @@ calls a service); ``autodiscover_tasks`` finds them. The engines under ``workers
 Queues: ``default`` (short tasks, the health ping), ``planning`` (strategy searches), ``training`` (launch
 and supervise torchrun, communication comparisons), and ``node.<name>`` per multi-node worker. Long tasks
 set ``acks_late`` + ``reject_on_worker_lost`` so a worker that dies mid-task does not silently lose it.
+
+Observability (README "Observability"): a task published while a request is answered carries its request
+id in a message header, restored into the log context of the run with the task's ``job_id`` / ``search_id``;
+``LOG_FORMAT=json`` makes the worker's log lines JSON; ``CELERY_METRICS_PORT`` opens the worker's Prometheus
+endpoint (``controlplane.common.worker_metrics``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,15 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    before_task_publish,
+    task_failure,
+    task_postrun,
+    task_prerun,
+    worker_init,
+)
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
@@ -24,3 +38,80 @@ app = Celery("cann_train")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_queues = [Queue(name) for name in QUEUES]
 app.autodiscover_tasks()
+
+
+# --- observability: the request id across the broker, structured worker logs, the worker's /metrics -----
+# a task's arguments named so go into the log context of the run (every log line of it says the object)
+LOGGED_ARGUMENTS = ("job_id", "search_id", "comparison_id")
+_task_log_context: dict[str, object] = {}  # task id -> the context token its prerun set
+
+
+@before_task_publish.connect
+def carry_request_id(headers=None, **kwargs) -> None:
+    """A task enqueued while a request is answered (or by a task that carries one) carries its request id."""
+    from controlplane.common.logs import TASK_HEADER, current_request_id
+
+    request_id = current_request_id()
+    if headers is not None and request_id and TASK_HEADER not in headers:
+        headers[TASK_HEADER] = request_id
+
+
+@task_prerun.connect
+def restore_log_context(task_id=None, task=None, args=None, kwargs=None, **_) -> None:
+    import inspect
+
+    from controlplane.common import logs, worker_metrics
+
+    # a worker's request has the message's own headers as attributes; an eager call's keeps them in .headers
+    headers = task.request.get("headers") or {}
+    context = {"request_id": task.request.get(logs.TASK_HEADER) or headers.get(logs.TASK_HEADER)}
+    try:
+        bound = inspect.signature(task.run).bind_partial(*(args or ()), **(kwargs or {})).arguments
+        context |= {name: bound.get(name) for name in LOGGED_ARGUMENTS}
+    except TypeError:  # arguments that do not fit: the task itself will say so
+        pass
+    _task_log_context[task_id] = logs.bind(**context)
+    worker_metrics.task_started(task_id, task.name)
+
+
+@task_postrun.connect
+def clear_log_context(task_id=None, task=None, state=None, **_) -> None:
+    from controlplane.common import logs, worker_metrics
+
+    worker_metrics.task_finished(task_id, task.name, state)
+    if (token := _task_log_context.pop(task_id, None)) is not None:
+        try:
+            logs.log_context.reset(token)
+        except ValueError:  # set in another context (an eager call nested in a task): drop it instead
+            logs.log_context.set({})
+
+
+@task_failure.connect
+def count_failure(sender=None, exception=None, **_) -> None:
+    from controlplane.common import worker_metrics
+
+    worker_metrics.task_failed(getattr(sender, "name", str(sender)), exception)
+
+
+@worker_init.connect
+def serve_worker_metrics(**_) -> None:
+    """``CELERY_METRICS_PORT`` set: this worker answers Prometheus on that port (``CELERY_METRICS_ADDR``)."""
+    if port := os.environ.get("CELERY_METRICS_PORT"):
+        from controlplane.common import worker_metrics
+
+        worker_metrics.serve(int(port), os.environ.get("CELERY_METRICS_ADDR", "127.0.0.1"))
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def structured_worker_logs(logger=None, **_) -> None:
+    """Celery sets up the worker's own log handlers; with ``LOG_FORMAT=json`` they write JSON lines too, and
+    in either format every record knows the log context."""
+    from django.conf import settings
+
+    from controlplane.common.logs import JsonFormatter, LogContextFilter
+
+    for handler in logger.handlers if logger is not None else []:
+        handler.addFilter(LogContextFilter())
+        if getattr(settings, "LOG_FORMAT", "plain") == "json":
+            handler.setFormatter(JsonFormatter())

@@ -73,9 +73,12 @@ INSTALLED_APPS = [
     "controlplane.jobs",
     "controlplane.green",
     "controlplane.live",
+    "django_prometheus",  # /metrics: request and response figures (controlplane/common/metrics.py)
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first: times the whole request
+    "controlplane.common.logs.RequestIdMiddleware",  # X-Request-ID in, out and on every log line
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "controlplane.common.middleware.ServiceUnavailableMiddleware",
@@ -86,6 +89,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "controlplane.common.middleware.AppNotFoundPageMiddleware",  # a page's 404 is the app's page under DEBUG too
+    "django_prometheus.middleware.PrometheusAfterMiddleware",  # last: counts responses by view and status
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -253,11 +257,26 @@ SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 X_FRAME_OPTIONS = "DENY"
 
+# --- observability (README "Observability") -------------------------------------------------------------
+# /metrics is for operators and shows every team: set METRICS_TOKEN and scrape with "Authorization: Bearer
+# <token>"; unset, only unproxied loopback clients are answered (controlplane/common/metrics.py)
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# plain: a line for people; json: one JSON object per line with request_id / job_id / search_id
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").lower()
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, got {LOG_FORMAT!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"log_context": {"()": "controlplane.common.logs.LogContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "controlplane.common.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["log_context"]}
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }

@@ -1,4 +1,5 @@
-"""URL map: pages, the REST API under /api/, OpenAPI, health, admin. Websockets: controlplane/live/routing.py."""
+"""URL map: pages, the REST API under /api/, OpenAPI, health, operators' /metrics, admin. Websockets:
+controlplane/live/routing.py."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
@@ -13,6 +14,7 @@ from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
 from controlplane.common import errors
 from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
+from controlplane.common.metrics import metrics_view, register_product_metrics
 from controlplane.dashboard.views import dashboard
 from controlplane.green.views import green_index, green_report
 from controlplane.jobs import failure_pattern_apis
@@ -21,6 +23,7 @@ from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
 
 register_converter(IdConverter, "id")  # an object id: at most 18 digits, else no URL matches (a 404)
+register_product_metrics()  # the product's series on /metrics, read from the database at scrape time
 
 router = DefaultRouter()
 router.register("hardware-profiles", HardwareProfileViewSet, basename="hardware-profile")
@@ -78,6 +81,8 @@ urlpatterns = [
     path("failure-patterns/", job_views.failure_pattern_list, name="failure-pattern-list"),
     path("failure-patterns/<str:key>/", job_views.failure_pattern_detail, name="failure-pattern-detail"),
     path("healthz", healthz, name="healthz"),
+    # Prometheus, for operators (every team's figures): a bearer METRICS_TOKEN, or loopback only without one
+    path("metrics", metrics_view, name="metrics"),
     path("api/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),
 ]

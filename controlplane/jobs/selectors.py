@@ -630,3 +630,78 @@ def pattern_incidents(user, pattern: dict, limit: int = 50) -> list[FailureIncid
     """The newest incidents of a pattern among the user's teams'."""
     spellings = (pattern.get("observed") or {}).get("spellings") or []
     return list(incidents_of(user).filter(kind__in=spellings)[:limit])
+
+
+# --- operators' metrics (controlplane/common/metrics.py): every team's jobs, read when /metrics is scraped --
+
+
+def job_counts_by_state() -> list[tuple[str, str, int]]:
+    """``(team slug, state, jobs)`` over every team: what an operator's ``/metrics`` counts (no team's view)."""
+    return list(
+        TrainingJob.objects.order_by()
+        .values("team__slug", "state")
+        .annotate(n=Count("pk"))
+        .values_list("team__slug", "state", "n")
+    )
+
+
+@dataclass(frozen=True)
+class JobMetrics:
+    """One job's figures for ``/metrics``: the live ones (``None`` unless it is running or recovering) as its
+    page shows them (the mean over its latest steady steps), the newest ``mfu`` it reported, its goodput and
+    each node's fault risk."""
+
+    job_id: int
+    team_slug: str
+    state: str
+    stream: str
+    tokens_per_s: float | None
+    step_time_s: float | None
+    mfu: float | None
+    goodput: float | None
+    node_risk: dict[str, float]
+
+
+def jobs_for_metrics(*, finished_since) -> list[JobMetrics]:
+    """The jobs an operator's ``/metrics`` shows one by one, of every team: the active ones and those that
+    finished at or after ``finished_since`` (a bounded set of series: old jobs drop out)."""
+    jobs = list(
+        TrainingJob.objects.filter(
+            Q(state__in=TrainingJob.ACTIVE_STATES) | Q(finished_at__gte=finished_since)
+        )
+        .select_related("team")
+        .order_by("pk")
+    )
+    active = [j for j in jobs if j.state in TrainingJob.ACTIVE_STATES]
+    live = steady_figures([j.stream for j in active])
+    out = []
+    for job in jobs:
+        steady = live.get(job.stream) if job in active else None
+        latest = (
+            StreamEvent.objects.filter(stream=job.stream, kind="train")
+            .order_by("-seq")
+            .values_list("values", flat=True)
+            .first()
+            if steady is not None
+            else None
+        )
+        risk = job_risk(job) if job in active else None
+        goodput = (job.goodput or {}).get("goodput")
+        out.append(
+            JobMetrics(
+                job_id=job.pk,
+                team_slug=job.team.slug,
+                state=job.state,
+                stream=job.stream,
+                tokens_per_s=steady.mean(1) if steady else None,
+                step_time_s=steady.mean(0) if steady else None,
+                mfu=(latest or {}).get("mfu") if isinstance(latest, dict) else None,
+                goodput=goodput if isinstance(goodput, int | float) else None,
+                node_risk={
+                    n["node"]: float(n["risk"])
+                    for n in (risk or {}).get("nodes", [])
+                    if isinstance(n.get("risk"), int | float)
+                },
+            )
+        )
+    return out

@@ -17,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 from rest_framework.exceptions import APIException, ValidationError
 
+from controlplane.common import logs
 from controlplane.common.models import JobState
 from controlplane.common.redis import redis_client
 from controlplane.jobs.models import (
@@ -1040,7 +1041,8 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
             cmd,
             log_path=workdir / f"node{node_rank}.log",
             cwd=settings.BASE_DIR,
-            env={**torchrun_env(), **(watch.env if watch is not None else {})},
+            # CANN_TRAIN_REQUEST_ID: the request that launched it, on the runtime's lifecycle events
+            env={**torchrun_env(), **(watch.env if watch is not None else {}), **logs.runtime_env()},
             on_poll=poll if watch is not None else None,
             on_start=lambda pid: _until_the_database_answers(
                 lambda: node_started(node=node, pid=pid),

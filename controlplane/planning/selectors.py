@@ -12,6 +12,7 @@ from rest_framework.exceptions import ValidationError
 
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
+from controlplane.common.models import JobState
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import evaluated
 from workers import planner
@@ -419,3 +420,11 @@ def plan_comm_comparisons(plan: StoredPlan) -> list:
 
 def plan_diff_data(a: StoredPlan, b: StoredPlan) -> dict:
     return {"a": {**plan_document(a), **_scenario(a)}, "b": {**plan_document(b), **_scenario(b)}}
+
+
+def search_durations_s() -> list[float]:
+    """Seconds from start to end of every succeeded search, of every team (the operators' ``/metrics``)."""
+    rows = StrategySearch.objects.filter(
+        state=JobState.SUCCEEDED, started_at__isnull=False, finished_at__isnull=False
+    ).values_list("started_at", "finished_at")
+    return [max(0.0, (end - start).total_seconds()) for start, end in rows]

@@ -251,7 +251,9 @@ PAGES: dict[str, Page] = {
     "failure-pattern-list": Page("/failure-patterns/"),
     "failure-pattern-detail": Page("/failure-patterns/{pattern}/", bob="404"),
 }
-PUBLIC = {"login", "logout", "healthz"}  # open to anyone by design
+# open to anyone by design; /metrics is for operators: a bearer METRICS_TOKEN or loopback only
+# (tests/integration/test_metrics.py)
+PUBLIC = {"login", "logout", "healthz", "metrics"}
 
 
 # --- the objects --------------------------------------------------------------------------------------

@@ -4,10 +4,13 @@ Rank 0 publishes ``kind="train"`` events to Redis stream ``job/<id>`` (``workers
 torchtitan-style keys, and ``kind="event"`` for the lifecycle (``started``, ``finished``, ``failed``).
 Other ranks contribute through the one small all-reduce the trainer already does per step (gradient norm,
 loss, expert load). Publishing happens on a background thread: the training loop only enqueues a dict.
+Lifecycle events carry ``request_id`` when the run was launched with ``CANN_TRAIN_REQUEST_ID`` set (the
+control-plane request that started it).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -50,6 +53,8 @@ class EventPublisher:
         from workers.events import EventWriter
 
         self.stream = f"job/{job_id}"
+        # the control-plane request that launched the run (controlplane.common.logs): lifecycle events say it
+        self.request_id = os.environ.get("CANN_TRAIN_REQUEST_ID") or None
         self._writer = EventWriter(redis.Redis.from_url(redis_url))
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)
@@ -62,6 +67,8 @@ class EventPublisher:
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         t0 = time.perf_counter()
+        if kind == "event" and self.request_id and "request_id" not in values:
+            values = {**values, "request_id": self.request_id}
         # a token per event: a batch retried after Redis went down mid-reply appends each event once
         self._queue.put((kind, step, values, uuid.uuid4().hex))
         self.submit_seconds += time.perf_counter() - t0
