@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "elastic": "workers.reliability.cli",
     "green": "workers.green.cli",
     "faults": "workers.reliability.faults_cli",
+    "render": "workers.deploy.cli",
 }
 
 

@@ -22,7 +22,7 @@ def render_torchrun_command(
     config_path: str,
     nnodes: int,
     nproc_per_node: int,
-    node_rank: int,
+    node_rank: int | None,
     rdzv_endpoint: str,
     run_id: str,
     max_restarts: int = 0,
@@ -35,10 +35,12 @@ def render_torchrun_command(
 ) -> list[str]:
     """argv for one node. Run it with ``env={**os.environ, **TORCHRUN_ENV}``. ``hosts_store``: whether this
     node's agent hosts the rendezvous store (c10d's ``is_host``); None: c10d decides, and on one machine the
-    first agent to bind the port does. False lets a node start at once and connect when the host is up."""
+    first agent to bind the port does. False lets a node start at once and connect when the host is up.
+    ``node_rank`` None: no ``--node-rank`` (c10d assigns the ranks; every node runs the same command, as a
+    rendered Kubernetes or Slurm job does, ``workers/deploy``)."""
     if min_nodes is not None and not 1 <= min_nodes <= nnodes:
         raise ValueError(f"bad elastic range: min_nodes={min_nodes} nnodes={nnodes}")
-    if nnodes < 1 or nproc_per_node < 1 or not 0 <= node_rank < nnodes:
+    if nnodes < 1 or nproc_per_node < 1 or (node_rank is not None and not 0 <= node_rank < nnodes):
         raise ValueError(f"bad layout: nnodes={nnodes} nproc_per_node={nproc_per_node} node_rank={node_rank}")
     rdzv_conf = []
     if min_nodes is not None and min_nodes < nnodes:
@@ -57,7 +59,7 @@ def render_torchrun_command(
         if min_nodes is None or min_nodes == nnodes
         else f"--nnodes={min_nodes}:{nnodes}",
         f"--nproc-per-node={nproc_per_node}",
-        f"--node-rank={node_rank}",
+        *([f"--node-rank={node_rank}"] if node_rank is not None else []),
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={run_id}",
