@@ -6,6 +6,8 @@ Protocol (JSON text frames)::
     client → {"action": "unsubscribe", "stream": "job/42"}
     server → {"type": "subscribed", "stream": "job/42", "last_seq": 23}     # after replaying 18..23
     server → {"stream": "job/42", "seq": 24, "time": ..., "kind": ..., "step": ..., "values": {...}}
+    client → {"action": "subscribe", "stream": "job/42", "batch": true}     # events in batches instead:
+    server → {"type": "events", "stream": "job/42", "events": [{"stream": "job/42", "seq": 24, ...}, ...]}
     server → {"type": "error", "stream": "job/42", "code": "not_found", "message": "..."}
     client → {"action": "watch", "feed": "jobs"}                             # a team feed (feeds.py)
     server → {"type": "watching", "feed": "jobs"}
@@ -14,10 +16,16 @@ Protocol (JSON text frames)::
 Every stream is delivered in ``seq`` order without gaps or duplicates: on subscribe the consumer
 replays what the client missed (from Redis, and from the database for events Redis no longer holds),
 and a live event that arrives ahead of a gap triggers a backfill first.
+
+A subscription with ``"batch": true`` gets the same events, in the same order, several to a frame: each
+batch the relay read is one frame (encoded once by the relay, forwarded as it is), and a replay comes in
+frames of up to ``MAX_FRAME_EVENTS``. At thousands of events a second that is what lets one server process
+keep up with tens of sockets (``bench/live_fanout.py``); the browser's ``live.js`` asks for it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 import redis.asyncio as aioredis
@@ -28,7 +36,7 @@ from django.conf import settings
 from controlplane.accounts.selectors import teams_of
 from controlplane.live.feeds import FEEDS, feed_group
 from controlplane.live.selectors import stored_events
-from controlplane.live.streams import group_name, user_may_read
+from controlplane.live.streams import batch_frame, group_name, user_may_read
 from workers.events import STREAM_NAME, parse_entries, since_range, stream_key
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,7 @@ log = logging.getLogger(__name__)
 CLOSE_UNAUTHENTICATED = 4401
 MAX_SUBSCRIPTIONS = 50
 MAX_SEQ = 2**63 - 1  # Redis stream ids are 64-bit
+MAX_FRAME_EVENTS = 500  # events in one frame of a batched replay
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -48,6 +57,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.last_sent: dict[str, int] = {}
+        self.batched: set[str] = set()  # streams whose events go out several to a frame
         self.feed_groups: set[str] = set()
         self.redis = aioredis.Redis.from_url(
             settings.REDIS_URL,
@@ -90,6 +100,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             )
         if action == "unsubscribe":
             self.last_sent.pop(stream, None)
+            self.batched.discard(stream)
             await self.channel_layer.group_discard(group_name(stream), self.channel_name)
             return await self.send_json({"type": "unsubscribed", "stream": stream})
         last_seq = content.get("last_seq", 0)
@@ -99,9 +110,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 "bad_request",
                 f"last_seq must be an integer from 0 to {MAX_SEQ} (a seq you received).",
             )
-        await self.subscribe(stream, last_seq)
+        batch = content.get("batch", False)
+        if not isinstance(batch, bool):
+            return await self.send_error(stream, "bad_request", "batch must be true or false.")
+        await self.subscribe(stream, last_seq, batch=batch)
 
-    async def subscribe(self, stream: str, last_seq: int):
+    async def subscribe(self, stream: str, last_seq: int, *, batch: bool = False):
         if stream not in self.last_sent and len(self.last_sent) >= MAX_SUBSCRIPTIONS:
             return await self.send_error(
                 stream, "too_many", f"At most {MAX_SUBSCRIPTIONS} streams per connection."
@@ -113,6 +127,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             )
         await self.channel_layer.group_add(group_name(stream), self.channel_name)
         self.last_sent[stream] = last_seq
+        if batch:
+            self.batched.add(stream)
+        else:
+            self.batched.discard(stream)
         await self.send_missed(stream, upto=None)
         await self.send_json({"type": "subscribed", "stream": stream, "last_seq": self.last_sent[stream]})
 
@@ -149,25 +167,51 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 stream, after_seq=after, before_seq=first_in_redis
             )
             events = older + events
-        for event in events:
-            await self.forward(event)
+        await self.deliver(stream, events)
 
-    async def forward(self, event: dict):
-        stream = event["stream"]
-        if event["seq"] <= self.last_sent.get(stream, 0):
+    async def deliver(self, stream: str, events: list[dict]):
+        """Send the events (in ``seq`` order) that come after ``last_sent[stream]``: one frame each, or
+        frames of up to ``MAX_FRAME_EVENTS`` for a batched subscription."""
+        fresh, last = [], self.last_sent[stream]
+        for event in events:
+            if event["seq"] > last:
+                fresh.append(event)
+                last = event["seq"]
+        if not fresh:
             return
-        self.last_sent[stream] = event["seq"]
-        await self.send_json(event)
+        self.last_sent[stream] = last
+        if stream not in self.batched:
+            for event in fresh:
+                await self.send_json(event)
+            return
+        for start in range(0, len(fresh), MAX_FRAME_EVENTS):
+            chunk = fresh[start : start + MAX_FRAME_EVENTS]
+            await self.send(text_data=batch_frame(stream, json.dumps(chunk, separators=(",", ":"))))
 
     async def live_events(self, message):
-        """Group message from the relay: ``{"type": "live.events", "events": [...]}`` of one stream."""
-        for event in message["events"]:
-            stream = event["stream"]
-            if stream not in self.last_sent:
+        """Group message from the relay: one batch of a stream (``streams.events_message``)."""
+        stream = message["stream"]
+        if stream not in self.last_sent or message["last_seq"] <= self.last_sent[stream]:
+            return
+        if (
+            stream in self.batched
+            and message["contiguous"]
+            and message["first_seq"] == self.last_sent[stream] + 1
+        ):
+            # the common case: the next events, all of them: the relay's encoding goes out as it is
+            self.last_sent[stream] = message["last_seq"]
+            return await self.send(text_data=batch_frame(stream, message["encoded"]))
+        run: list[dict] = []
+        for event in json.loads(message["encoded"]):
+            last = run[-1]["seq"] if run else self.last_sent[stream]
+            if event["seq"] <= last:
                 continue
-            if event["seq"] > self.last_sent[stream] + 1:
+            if event["seq"] > last + 1:  # a gap before it (the channel layer dropped a batch): fill it
+                await self.deliver(stream, run)
+                run = []
                 await self.send_missed(stream, upto=event["seq"])
-            await self.forward(event)
+            run.append(event)
+        await self.deliver(stream, run)
 
     async def live_hwm(self, message):
         """The relay's periodic high-water mark of a recently active stream: when it is ahead of what this

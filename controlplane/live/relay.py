@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 
 from controlplane.live.selectors import clashing_events, highest_stored_seq
 from controlplane.live.services import persist_events
-from controlplane.live.streams import group_name
+from controlplane.live.streams import events_message, group_name
 from workers.events import STREAMS_SET, EventWriter, parse_entries, renumber_floor, seq_key, stream_of_key
 
 log = logging.getLogger(__name__)
@@ -90,14 +90,17 @@ class Relay:
             kept = [(entry_id, event) for entry_id, event in pairs if event["seq"] > floor]
             if kept:
                 events = [event for _, event in kept]
+                # forwarded first, then stored: subscribers do not wait for the database write (the
+                # relay's biggest cost per event); one that resumes gets these from Redis, and a relay that
+                # dies before storing them re-reads them unacknowledged (subscribers drop the repeats)
+                self.send(group_name(stream), events_message(stream, events))
+                self.high_water[stream] = (events[-1]["seq"], time.monotonic())
                 persist_events(events)
                 for fn in self.on_stored:
                     try:
                         fn(stream, events)
                     except Exception:  # noqa: BLE001 - a listener must not stop the relay
                         log.exception("relay: %s failed on %s", getattr(fn, "__name__", fn), stream)
-                self.send(group_name(stream), {"type": "live.events", "events": events})
-                self.high_water[stream] = (events[-1]["seq"], time.monotonic())
                 self.redis.xack(key, GROUP, *[entry_id for entry_id, _ in kept])
             if moved:
                 seqs = self.writer.renumber(stream, moved, floor, group=GROUP)

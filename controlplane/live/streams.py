@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.apps import apps
 
 from workers.events import STREAM_NAME
@@ -13,6 +15,28 @@ STREAM_OWNERS = {"job": "jobs.TrainingJob", "search": "planning.StrategySearch"}
 def group_name(stream: str) -> str:
     """Channels group of a stream (group names allow only [a-zA-Z0-9-_.])."""
     return "stream." + stream.replace("/", ".")
+
+
+def events_message(stream: str, events: list[dict]) -> dict:
+    """The relay's group message for one batch of a stream's events, in ``seq`` order. The batch is
+    encoded to JSON once, here, and not by each subscriber: a consumer whose client takes batches and
+    has every event before ``first_seq`` forwards ``encoded`` as it is (``batch_frame``); it decodes it
+    only to skip events or fill a gap (``contiguous`` false: the batch itself has holes)."""
+    first, last = events[0]["seq"], events[-1]["seq"]
+    return {
+        "type": "live.events",
+        "stream": stream,
+        "first_seq": first,
+        "last_seq": last,
+        "contiguous": last - first + 1 == len(events),
+        "encoded": json.dumps(events, separators=(",", ":"), allow_nan=False),
+    }
+
+
+def batch_frame(stream: str, encoded_events: str) -> str:
+    """The websocket frame of several events of one stream, from their JSON array:
+    ``{"type": "events", "stream": "job/42", "events": [...]}``."""
+    return f'{{"type":"events","stream":{json.dumps(stream)},"events":{encoded_events}}}'
 
 
 def owner_object(stream: str):

@@ -17,12 +17,16 @@ async def recv_json(ws, timeout=20.0):
     return json.loads(await asyncio.wait_for(ws.recv(), timeout))
 
 
-async def recv_events(ws, n, timeout=20.0):
+async def recv_events(ws, n, timeout=20.0, frames=None):
+    """The next ``n`` events, from single-event frames or batch frames (``"type": "events"``); ``frames``
+    (a list) gets the number of events of each frame."""
     events = []
     while len(events) < n:
         m = await recv_json(ws, timeout)
-        if "seq" in m and "type" not in m:
-            events.append(m)
+        got = m["events"] if m.get("type") == "events" else [m] if "seq" in m and "type" not in m else []
+        if got and frames is not None:
+            frames.append(len(got))
+        events += got
     return events
 
 
@@ -167,8 +171,9 @@ def small_capacity_stack(django_db_blocker):
         stop_stack(stack)
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["per-event", "batch"])
 async def test_the_tail_of_an_over_capacity_burst_reaches_every_subscriber(
-    small_capacity_stack, job_of_alice
+    small_capacity_stack, job_of_alice, batch
 ):
     """A burst far beyond the channel layer's capacity per client, then silence: no later event will come
     to reveal a dropped tail, and still every client ends with every event, in order, once each (without
@@ -183,7 +188,9 @@ async def test_the_tail_of_an_over_capacity_burst_reaches_every_subscriber(
     sockets = [await connect(live_stack, token).__aenter__() for _ in range(clients)]
     try:
         for ws in sockets:
-            await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 0}))
+            await ws.send(
+                json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 0, "batch": batch})
+            )
             assert (await recv_json(ws))["type"] == "subscribed"
         writer = EventWriter(redis.Redis.from_url(live_stack.redis_url))
 
@@ -214,3 +221,40 @@ async def test_nonsense_frames_get_an_error_and_keep_the_socket(live_stack, job_
         assert answer["type"] == "error" and "last_seq" in answer["message"]
         await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 0}))
         assert (await recv_json(ws))["type"] == "subscribed"  # still open, still serving
+
+
+async def test_a_batched_subscription_gets_every_event_once_in_order_several_to_a_frame(
+    live_stack, job_of_alice
+):
+    """``"batch": true``: the replay of what was missed and the live events come several to a frame
+    (``{"type": "events", ...}``), in seq order without gaps or duplicates, and a client that resumes from
+    the last seq of a batch gets exactly the rest."""
+    import redis
+
+    from workers.events import EventWriter
+
+    job, token = job_of_alice
+    writer = EventWriter(redis.Redis.from_url(live_stack.redis_url))
+    writer.publish_many(job.stream, [("train", n, {"loss": 1.0 / n}) for n in range(1, 41)])
+    frames: list[int] = []
+    async with connect(live_stack, token) as ws:
+        await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "batch": "yes"}))
+        assert (await recv_json(ws))["code"] == "bad_request"
+        await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 0, "batch": True}))
+        replay = await recv_events(ws, 40, frames=frames)
+        assert (await recv_json(ws)) == {"type": "subscribed", "stream": job.stream, "last_seq": 40}
+        await sync_to_async(writer.publish_many)(
+            job.stream, [("train", n, {"loss": 1.0 / n}) for n in range(41, 241)]
+        )
+        live = await recv_events(ws, 200, frames=frames)
+    assert [e["seq"] for e in replay + live] == list(range(1, 241))
+    assert [e["step"] for e in replay + live] == list(range(1, 241))
+    assert frames[0] == 40 and len(frames) < 240, frames  # the replay is one frame; live ones batch too
+
+    writer.publish_many(job.stream, [("train", n, {"loss": 0.0}) for n in range(241, 246)])
+    async with connect(live_stack, token) as ws:
+        await ws.send(
+            json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 240, "batch": True})
+        )
+        rest = await recv_events(ws, 5)
+    assert [e["seq"] for e in rest] == [241, 242, 243, 244, 245]

@@ -4,6 +4,9 @@
 // watch("jobs") follows a team feed: onNotice gets {"type": "notice", "feed": "jobs", "id", ...} when a job
 // of one of your teams changes state, is created or annotated. Notices are not replayed: a page re-reads
 // its rows when the socket comes back ("live" after "reconnecting").
+// Subscriptions ask for batches ("batch": true): a frame {"type": "events", "stream", "events": [...]} carries
+// several events of a stream (a busy job publishes thousands a second); a single-event frame is still
+// understood. onEvent is called once per event either way.
 
 
 export class LiveClient {
@@ -25,7 +28,7 @@ export class LiveClient {
     this.ws.addEventListener("open", () => {
       this.backoff = 500;
       this.handlers.onStatus("live");
-      for (const [stream, seq] of this.lastSeq) this.send({ action: "subscribe", stream, last_seq: seq });
+      for (const [stream, seq] of this.lastSeq) this.send({ action: "subscribe", stream, last_seq: seq, batch: true });
       for (const feed of this.feeds) this.send({ action: "watch", feed });
     });
     this.ws.addEventListener("message", (msg) => this.receive(JSON.parse(msg.data)));
@@ -44,6 +47,11 @@ export class LiveClient {
     if (m.type === "watching") { this.handlers.onWatching(m); return; }
     if (m.type === "notice") { if (this.feeds.has(m.feed)) this.handlers.onNotice(m); return; }
     if (m.type === "error") { this.handlers.onError(m); return; }
+    if (m.type === "events") { for (const e of m.events) this.receiveEvent(e); return; }
+    this.receiveEvent(m);
+  }
+
+  receiveEvent(m) {
     if (!this.lastSeq.has(m.stream)) return;  // unsubscribed meanwhile
     if (m.seq <= this.lastSeq.get(m.stream)) return;
     this.lastSeq.set(m.stream, m.seq);
@@ -54,7 +62,7 @@ export class LiveClient {
 
   subscribe(stream, lastSeq = 0) {
     if (!this.lastSeq.has(stream)) this.lastSeq.set(stream, lastSeq);
-    this.send({ action: "subscribe", stream, last_seq: this.lastSeq.get(stream) });
+    this.send({ action: "subscribe", stream, last_seq: this.lastSeq.get(stream), batch: true });
   }
 
   unsubscribe(stream) { this.lastSeq.delete(stream); this.send({ action: "unsubscribe", stream }); }
