@@ -80,6 +80,7 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first: times the whole request
     "controlplane.common.logs.RequestIdMiddleware",  # X-Request-ID in, out and on every log line
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.common.middleware.ContentSecurityPolicyMiddleware",  # SECURE_CSP below
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "controlplane.common.middleware.ServiceUnavailableMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -225,6 +226,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # the planner's and the green scheduler's "objective" are different choice sets: name them
+    "ENUM_NAME_OVERRIDES": {
+        "SearchObjectiveEnum": "workers.planner.search.OBJECTIVES",
+        "ScheduleObjectiveEnum": "workers.green.schedule.OBJECTIVES",
+    },
     # every operation documents the error answers it can give (400/401/403/404/406/409/413/415/503)
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -253,9 +259,67 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+
+# --- production security (README "Production settings") ----------------------------------------------
+# DEBUG=0 means served over TLS (by daphne or a TLS-terminating proxy in front of it): HTTP is redirected
+# to HTTPS, HSTS is sent and the cookies are secure-only. On a trusted network over plain HTTP, turn that
+# off: SECURE_SSL_REDIRECT=0 SESSION_COOKIE_SECURE=0 CSRF_COOKIE_SECURE=0 SECURE_HSTS_SECONDS=0.
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
-X_FRAME_OPTIONS = "DENY"
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes ask over plain HTTP from inside the network
+# a year (what browsers' preload lists ask for); start lower (3600) when first moving a host to TLS
+SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0" if DEBUG else "31536000"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+
+
+def _proxy_ssl_header() -> tuple[str, str] | None:
+    """``SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto: https"``: the header (and value) by which the proxy in
+    front says the client came over HTTPS. Only set it when that proxy overwrites the header on every
+    request; unset, ``request.is_secure()`` is daphne's own view."""
+    value = os.environ.get("SECURE_PROXY_SSL_HEADER", "").strip()
+    if not value:
+        return None
+    name, sep, expected = value.partition(":")
+    if not sep or not name.strip() or not expected.strip():
+        raise ImproperlyConfigured(
+            f"SECURE_PROXY_SSL_HEADER must read 'Header-Name: value' (X-Forwarded-Proto: https), got {value!r}"
+        )
+    return "HTTP_" + name.strip().upper().replace("-", "_"), expected.strip()
+
+
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header()
+SECURE_CONTENT_TYPE_NOSNIFF = env_bool("SECURE_CONTENT_TYPE_NOSNIFF", True)
+SECURE_REFERRER_POLICY = os.environ.get("SECURE_REFERRER_POLICY", "same-origin")
+SECURE_CROSS_ORIGIN_OPENER_POLICY = os.environ.get("SECURE_CROSS_ORIGIN_OPENER_POLICY", "same-origin")
+
+# Content-Security-Policy (controlplane.common.middleware.ContentSecurityPolicyMiddleware; Django 6.0's
+# SECURE_CSP has the same shape). No page has an inline script or event handler: scripts are
+# frontend/static/js modules and plotly.js, all from 'self'; connect-src also gets the host's ws:/wss:
+# origin for the live websocket. CSP=0 turns it off; CSP_REPORT_ONLY=1 only reports.
+SECURE_CSP = (
+    {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        # Our templates have no <style> or style="" (frontend/static/css), but plotly.js 3 writes its modebar
+        # and hover rules into <style> elements it creates and sets style="" on SVG nodes (colorbars,
+        # heatmap images), and so do Swagger UI and Redoc: none can carry a nonce. Styles cannot run script;
+        # scripts, which can, stay 'self' only.
+        "style-src": ["'self'", "'unsafe-inline'"],
+        # Plotly's icons are data: URIs; its PNG export draws a blob: SVG
+        "img-src": ["'self'", "data:", "blob:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+    if env_bool("CSP", True)
+    else {}
+)
+SECURE_CSP_REPORT_ONLY = env_bool("CSP_REPORT_ONLY", False)
 
 # --- observability (README "Observability") -------------------------------------------------------------
 # /metrics is for operators and shows every team: set METRICS_TOKEN and scrape with "Authorization: Bearer

@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
 from controlplane.accounts import views as account_views
@@ -15,6 +15,7 @@ from controlplane.common import errors
 from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
 from controlplane.common.metrics import metrics_view, register_product_metrics
+from controlplane.common.middleware import csp_update
 from controlplane.dashboard.views import dashboard
 from controlplane.green.views import green_index, green_report
 from controlplane.jobs import failure_pattern_apis
@@ -60,8 +61,16 @@ api_patterns = [
         name="failure-pattern-detail",
     ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
-    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
+    # no inline script (the Content-Security-Policy): Swagger UI's comes from its own URL (the split view),
+    # Redoc's from frontend/static/js/redoc.js; Redoc's search runs in a worker made from a blob: URL
+    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
+    path(
+        "redoc/",
+        csp_update(worker_src=["blob:"])(
+            SpectacularRedocView.as_view(url_name="api:schema", template_name="api/redoc.html")
+        ),
+        name="redoc",
+    ),
     path("", include(router.urls)),
     # any other path under /api/ is the API's JSON 404, also with DEBUG on and for a POST without a CSRF
     # token (Django's HTML debug or CSRF page is no answer for an API client)

@@ -58,6 +58,9 @@ export function h(tag, attrs = {}, ...children) {
     if (v == null || v === false) continue;
     if (k === "class") node.className = v;
     else if (k === "dataset") Object.assign(node.dataset, v);
+    // an object of CSSOM properties ({ width: "40%" }): a style="" attribute is refused by the
+    // Content-Security-Policy (style-src 'self'), setting node.style is not
+    else if (k === "style") Object.assign(node.style, v);
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : v);
   }

@@ -49,7 +49,7 @@ export const JOB_COLUMNS = {
     render: (r) => {
       if (r.progress == null) return [h("span", { class: "muted" }, MISSING)];
       const pct = Math.round(100 * r.progress);
-      const bar = h("span", { class: "mini-bar", title: `${pct}%` }, h("span", { style: `width: ${pct}%` }));
+      const bar = h("span", { class: "mini-bar", title: `${pct}%` }, h("span", { style: { width: `${pct}%` } }));
       const steps = r.steps ? `${formatNumber(r.state === "succeeded" ? r.steps : r.step)}/${formatNumber(r.steps)}` : `${pct}%`;
       return [bar, " ", h("span", { class: "progress-text" }, steps)];
     },

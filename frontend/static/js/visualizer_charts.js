@@ -551,7 +551,7 @@ export function drawMeasured(container, plan) {
         formatVsPredicted(r.mv, r.pv)))))));
   const caveat = predictionCaveat(plan.predicted);
   if (caveat) {
-    container.prepend(h("p", { class: "prediction-caveat", style: "background:#fff8e6;border-left:3px solid #9a6700;padding:.3rem .6rem" },
+    container.prepend(h("p", { class: "prediction-caveat caveat" },
       `Predicted figures ${caveat}: the planner used the shipped placeholder profile for this cpu, not one measured on it.`));
   }
   const withBoth = rows.filter((r) => r.err != null);
