@@ -11,8 +11,13 @@ import sys
 
 import pytest
 
-from workers.planner.calibrate_local import calibrate_device, device_file, measure_matmul
-from workers.planner.hardware import achievable_compute, efficiency_for, model_constants
+from workers.planner.calibrate_local import calibrate_device, measure_matmul
+from workers.planner.hardware import (
+    achievable_compute,
+    device_calibration_path,
+    efficiency_for,
+    model_constants,
+)
 from workers.training.device import probe_cuda
 
 
@@ -24,7 +29,7 @@ def var_dir(tmp_path, monkeypatch):
 
 def test_measured_matmul_fraction_replaces_the_cited_one(var_dir):
     cited = efficiency_for("Ascend-910B")[1].gemm_max
-    path = device_file("Ascend-910B")
+    path = device_calibration_path("Ascend-910B")
     path.parent.mkdir(parents=True)
     source = "measured by `cann-train calibrate --device npu` on Ascend910B3 (test document)"
     path.write_text(

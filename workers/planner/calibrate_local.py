@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .hardware import calibration_dir
+from .hardware import calibration_dir, device_calibration_path
 
 PROCESSES = 2
 GEMM_SHAPES = [  # (m, n, k): square sweep plus the skinny shapes tensor parallelism produces
@@ -425,12 +425,6 @@ ACCELERATOR_SHAPES = [
 QUICK_ACCELERATOR_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048)]
 
 
-def device_file(profile_name: str, out_dir: str | None = None) -> Path:
-    """Where ``calibrate --device`` writes an accelerator's measured achievable matmul fraction (read by
-    ``hardware.find_profile``, which lets it replace the cited figure of that profile)."""
-    return (Path(out_dir) if out_dir else calibration_dir()) / f"device-{profile_name}.json"
-
-
 def measure_matmul(kind: str, shapes=None, warmup: int = 10, iterations: int = 50) -> dict[str, Any]:
     """Best bf16 matmul throughput on the first ``kind`` device (``cuda`` / ``npu``, or ``cpu`` for a
     check of the mechanics): per shape the mean of ``iterations`` after ``warmup``, timed between device
@@ -463,7 +457,7 @@ def calibrate_device(
     kind: str, out_dir: str | None = None, quick: bool = False, shapes=None
 ) -> tuple[dict[str, Any], str]:
     """Measure an accelerator's achievable matmul fraction of its datasheet bf16 peak and write it for
-    the planner (:func:`device_file`); returns (the document, its path). The profile is the one the
+    the planner (``hardware.device_calibration_path``); returns (the document, its path). The profile is the one the
     device's name matches (``hardware.find_profile``); the datasheet peak is that profile's."""
     from .hardware import find_profile
 
@@ -492,7 +486,7 @@ def calibrate_device(
         },
         "measured": found,
     }
-    path = device_file(name, out_dir)
+    path = device_calibration_path(name, out_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
     return doc, str(path)

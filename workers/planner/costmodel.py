@@ -1150,16 +1150,15 @@ class CostModel:
         else:
             calls = blocks
         expert_calls = np.where(params["expert"] > 0, calls, 0.0)
+        # one micro-batch's reduce-scatter of the gradients and one all-gather of the parameters
         rs3 = shard_collective_time(dp_links, dense_b, calls, own_link) + shard_collective_time(
             edp_links, expert_b, expert_calls, own_link
         )
-        ag = wb * rs3
-        rs = rs3
-        ag3 = micro * (2.0 + full) * ag
+        ag3 = wb * rs3
         exposed3 = micro * (
-            np.maximum(0.0, (1.0 + full) * ag - fwd3 * (1.0 + full)) + np.maximum(0.0, ag + rs - bwd3)
+            np.maximum(0.0, (1.0 + full) * ag3 - fwd3 * (1.0 + full)) + np.maximum(0.0, ag3 + rs3 - bwd3)
         )
-        dp_total = np.where(z == 3, ag3 + micro * rs, dp_total)
+        dp_total = np.where(z == 3, micro * (2.0 + full) * ag3 + micro * rs3, dp_total)
         dp_exposed = np.select([z == 0, z == 1, z == 2], [exposed0, exposed1, exposed2], exposed3)
         # overlapped communication is not free: it slows the kernels it runs beside
         dp_exposed = dp_exposed + self.eff.overlap_slowdown * np.maximum(0.0, dp_total - dp_exposed)

@@ -110,7 +110,10 @@ def achievable_compute(device_name: str) -> dict[str, Any] | None:
     """What a plan shows of where its compute ceiling comes from: the device's achievable matmul fraction
     with its source and confidence, and the ``gemm_max`` derived from it (None for profiles that list their
     own ``gemm_max``: the measured cpu, the generic fallback)."""
-    name, profile = find_profile(device_name)
+    return _achievable_compute(*find_profile(device_name))
+
+
+def _achievable_compute(name: str, profile: dict[str, Any]) -> dict[str, Any] | None:
     entry = profile.get("achievable_matmul")
     if not entry or "gemm_max" in profile.get("efficiency", {}):
         return None
@@ -287,11 +290,17 @@ def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:
     return "generic", profiles["generic"]
 
 
+def device_calibration_path(profile_name: str, out_dir: str | Path | None = None) -> Path:
+    """Where ``cann-train calibrate --device`` writes an accelerator profile's measured achievable matmul
+    fraction (``out_dir``, default :func:`calibration_dir`), which :func:`find_profile` then reads."""
+    return (Path(out_dir) if out_dir else calibration_dir()) / f"device-{profile_name}.json"
+
+
 def _with_device_calibration(name: str, profile: dict[str, Any]) -> dict[str, Any]:
     """The profile with the achievable matmul fraction ``cann-train calibrate --device`` measured on this
     kind of device, when it did (``var/calibration/device-<profile>.json``): a measurement here beats the
     cited figure, and the plan's ``achievable_compute`` says which it used."""
-    path = calibration_dir() / f"device-{name}.json"
+    path = device_calibration_path(name)
     try:
         stat = path.stat()
         doc = _read_calibration(str(path), stat.st_mtime_ns, stat.st_size)
@@ -317,7 +326,7 @@ def profile_origin(device_name: str) -> dict[str, Any]:
             "confidence": profile.get("confidence", "published"),
         }
         # where the compute ceiling comes from (a cited matmul microbenchmark, or an assumption: it says so)
-        if (compute := achievable_compute(device_name)) is not None:
+        if (compute := _achievable_compute(name, profile)) is not None:
             out["achievable_compute"] = compute
         return out
     _profile, origin = _cpu_profile()
