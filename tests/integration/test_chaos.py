@@ -61,7 +61,16 @@ def private_redis(request):
         time.sleep(down_s)
         state["proc"] = start_embedded_redis(port, data, persist=persist)
 
+    def pause_writes() -> None:
+        """Hold every write (``CLIENT PAUSE ... WRITE``) until the restart: what the test reads as the last
+        published event then stays the last one Redis took before it dies (a publisher's write waits,
+        and goes to the new Redis once it is back)."""
+        import redis
+
+        redis.Redis(port=port).client_pause(30_000, all=False)
+
     state["restart"] = restart
+    state["pause_writes"] = pause_writes
     yield state
     stop([state["proc"]])
 
@@ -97,6 +106,7 @@ def test_redis_restart_mid_job_keeps_the_app_up_and_every_event(
         wait_for(lambda: TrainingJob.objects.get(pk=job_id).progress > 0, 10, "the job's progress to move")
 
         stored_before = max(_train_steps(stream))
+        private_redis["pause_writes"]()
         published_before = _last_published_step(redis_url, stream)
         private_redis["restart"](down_s=3.0)
 
