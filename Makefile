@@ -12,7 +12,7 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 # the venv's tools first: torch.utils.cpp_extension looks for the ninja wheel's `ninja` on PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test lint native chromium pdf-libs clean
+.PHONY: setup run test lint native chromium pdf-libs slurm clean
 
 setup: $(VENV)/.installed
 
@@ -45,8 +45,20 @@ chromium:
 	  else echo "chromium missing and not root: browser tests will be skipped"; fi; \
 	fi
 
-test: setup native chromium pdf-libs
-	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
+# a real one-node Slurm for tests/integration/test_external_launchers.py (Debian's 22.05 packages; the test
+# writes its own slurm.conf and munge key and starts the daemons itself)
+slurm:
+	@if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/bin/sbatch ] || [ ! -x /usr/sbin/munged ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's Slurm (slurmctld, slurmd, slurm-client) and munge for the Slurm launcher tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null; \
+	  else echo "Slurm missing and not root: the Slurm launcher tests will be skipped"; fi; \
+	fi
+
+test: setup native chromium pdf-libs slurm
+	@mkdir -p var/test
+	@$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile --junitxml=var/test/junit.xml; \
+	  rc=$$?; $(PY) tests/slowest_files.py var/test/junit.xml 20; exit $$rc
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -137,6 +138,36 @@ GREEN_DEFAULT_ZONE = os.environ.get("CANN_TRAIN_GRID_ZONE", "GB")
 # (a directory written by 'cann-train faults train --out DIR'; none: risk is the straggler score alone)
 TELEMETRY_EVERY_S = float(os.environ.get("CANN_TRAIN_TELEMETRY_EVERY_S", "5"))
 RISK_MODEL_DIR = os.environ.get("CANN_TRAIN_RISK_MODEL", "")
+
+# --- launching jobs beyond one machine (controlplane/jobs/external.py; README "Beyond one machine") --------
+# local: a Celery worker runs each node's torchrun (the default); slurm: sbatch; kubernetes: a PyTorchJob
+JOB_LAUNCHERS = ("local", "slurm", "kubernetes")
+JOB_LAUNCHER = os.environ.get("CANN_TRAIN_LAUNCHER", "local").strip().lower() or "local"
+if JOB_LAUNCHER not in JOB_LAUNCHERS:
+    raise ImproperlyConfigured(
+        f"CANN_TRAIN_LAUNCHER must be one of {', '.join(JOB_LAUNCHERS)}, got {os.environ['CANN_TRAIN_LAUNCHER']!r}"
+    )
+# seconds between two rounds of the relay asking the scheduler about its jobs (one scontrol / GET per job)
+EXTERNAL_FOLLOW_EVERY_S = float(os.environ.get("CANN_TRAIN_EXTERNAL_FOLLOW_EVERY_S", "5"))
+# the Redis URL the ranks publish their events to, as the compute nodes reach it (default: REDIS_URL)
+EXTERNAL_REDIS_URL = os.environ.get("CANN_TRAIN_EXTERNAL_REDIS_URL", "")
+# the device kind a device=auto job asks the scheduler for (its batch script / pod resources)
+EXTERNAL_DEVICE = os.environ.get("CANN_TRAIN_EXTERNAL_DEVICE", "cpu").strip().lower()
+if EXTERNAL_DEVICE not in ("cpu", "cuda", "npu"):
+    raise ImproperlyConfigured(
+        f"CANN_TRAIN_EXTERNAL_DEVICE must be cpu, cuda or npu, got {EXTERNAL_DEVICE!r}"
+    )
+# slurm: the partition (default: the cluster's default one), extra sbatch options (e.g. "--account=ml"),
+# the directory every attempt is submitted from (its batch script, job config and output: compute nodes must
+# see it, as they must see VAR_DIR's snapshots), and the interpreter with cann-train on the compute nodes
+SLURM_PARTITION = os.environ.get("CANN_TRAIN_SLURM_PARTITION", "")
+SLURM_SBATCH_ARGS = os.environ.get("CANN_TRAIN_SLURM_SBATCH_ARGS", "")
+SLURM_WORKDIR = os.environ.get("CANN_TRAIN_SLURM_WORKDIR", "")  # default: VAR_DIR/jobs/<id>/attempt-<n>
+SLURM_PYTHON = os.environ.get("CANN_TRAIN_SLURM_PYTHON", sys.executable)
+# kubernetes (KUBECONFIG or in-cluster): the namespace, the image with cann-train, and its interpreter
+K8S_NAMESPACE = os.environ.get("CANN_TRAIN_K8S_NAMESPACE", "default")
+K8S_IMAGE = os.environ.get("CANN_TRAIN_K8S_IMAGE", "cann-train:latest")  # what `docker compose build` makes
+K8S_PYTHON = os.environ.get("CANN_TRAIN_K8S_PYTHON", "python")
 
 
 # --- redis, celery, channels ----------------------------------------------------------------------

@@ -114,6 +114,26 @@ class TrainingJob(LongRunningJob):
     pause_requested = models.BooleanField(
         default=False, help_text="stopped at the end of its slot: it goes back to scheduled, not cancelled"
     )
+    # the launcher of the current attempt (controlplane.jobs.external): local = a Celery worker's torchrun,
+    # supervised and reaped by heartbeat; slurm / kubernetes = the scheduler's job, followed by its state
+    launcher = models.CharField(
+        max_length=16,
+        choices=[("local", "local"), ("slurm", "slurm"), ("kubernetes", "kubernetes")],
+        default="local",
+        help_text="what launched the current attempt: a Celery worker's torchrun, or Slurm / Kubernetes",
+    )
+    external_id = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="the scheduler's id of the current attempt: Slurm's job id, or the PyTorchJob's name",
+    )
+    external_state = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="what the scheduler last said, e.g. PENDING (Resources)",
+    )
 
     def __str__(self) -> str:
         return f"{self.name} ({self.state})"

@@ -582,6 +582,10 @@ def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
             _job_event(
                 job, {"state": "cancelled", "attempt": job.attempts, "message": job.human_readable_error}
             )
+        elif job.launcher != "local":  # its scheduler stops it (and the follower settles it when it has)
+            from controlplane.jobs.external import cancel_external
+
+            transaction.on_commit(lambda: cancel_external(job_id=job.pk))
         job.save()
     return job
 
@@ -866,6 +870,10 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
     job = TrainingJob.objects.get(pk=job_id)
     if job.attempts != attempt or job.state != JobState.QUEUED:
         return "skipped"
+    if settings.JOB_LAUNCHER != "local":  # Slurm or Kubernetes runs it (controlplane.jobs.external)
+        from controlplane.jobs.external import launch_attempt
+
+        return launch_attempt(job_id=job_id, attempt=attempt)
     if job.nnodes == 1:
         queues = ["training"]
     else:
@@ -892,6 +900,8 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
             return "skipped"
         job.state = JobState.LAUNCHING
         job.heartbeat_at = timezone.now()
+        # (an earlier attempt may have run through Slurm / Kubernetes)
+        job.launcher, job.external_id, job.external_state = "local", "", ""
         job.save()
         for rank in range(len(queues)):
             JobNode.objects.create(
@@ -1164,6 +1174,8 @@ def reap_orphans(
         reap_lost_nodes(now=now, stale_after=stale_after)
     stale = TrainingJob.objects.filter(
         state__in=TrainingJob.ACTIVE_STATES,
+        # a job Slurm / Kubernetes runs lives as long as the scheduler says (controlplane.jobs.external)
+        launcher="local",
         heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT),
         # only jobs a supervisor picked up: one whose nodes wait in the queue for a worker slot is queued
         nodes__attempt=F("attempts"),

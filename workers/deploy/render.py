@@ -1,5 +1,6 @@
 """Render a plan as a job for a cluster scheduler: a Kubeflow Training Operator ``PyTorchJob`` (Kubernetes) or
-a Slurm batch script. Nothing here submits anything; the control plane does not launch through these (yet).
+a Slurm batch script. Nothing here submits anything: the control plane submits them through
+:mod:`workers.deploy.slurm` / :mod:`workers.deploy.kubernetes` when ``CANN_TRAIN_LAUNCHER`` says so.
 
 Both run what the local launcher runs (:func:`workers.training.launch.render_torchrun_command`): one
 ``torchrun`` agent per node with ``tp*pp*dp*cp`` ranks in all, c10d rendezvous at an explicit endpoint, the
