@@ -1,30 +1,39 @@
-"""The metric relay: reads every live stream from Redis, persists events in batches, forwards them to
-the Channels group of the stream.
+"""The metric relay: reads every live stream from Redis, forwards each batch to the Channels group of the
+stream, and persists it.
 
-It reads through a Redis consumer group, so an event is acknowledged only after it is stored and sent:
-a relay that dies mid-batch re-reads its pending events when it comes back (persisting is idempotent on
-``(stream, seq)``), and several relays can share the work. Producers (training ranks, Celery tasks) know
-nothing about Channels or the database: they only append to Redis (``workers.events``).
+It reads through a Redis consumer group, so an event is acknowledged only after it is stored: a relay that
+dies mid-batch re-reads its pending events when it comes back (persisting is idempotent on ``(stream,
+seq)``), and several relays can share the work. Producers (training ranks, Celery tasks) know nothing about
+Channels or the database: they only append to Redis (``workers.events``).
+
+Under load (issue 16, ``bench/live_fanout.py``) the relay forwards a batch, hands it to its store thread
+and reads the next one: the database write of one batch overlaps the reading and forwarding of the next
+(``store_ahead`` batches at most wait for the store; then reading waits, and the backlog stays in Redis).
+The store thread acknowledges a batch only once it is stored; a batch it fails to store stays pending in
+Redis and is read, forwarded and stored again (subscribers drop the repeats).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 from controlplane.live.selectors import clashing_events, highest_stored_seq
 from controlplane.live.services import persist_events
 from controlplane.live.streams import events_message, group_name
-from workers.events import STREAMS_SET, EventWriter, parse_entries, renumber_floor, seq_key, stream_of_key
+from workers.events import STREAMS_SET, EventWriter, renumber_floor, seq_key, stream_of_key
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +46,29 @@ HWM_EVERY_S = 1.0
 HWM_ACTIVE_S = 15.0
 
 
+@dataclass(frozen=True)
+class StoreBatch:
+    """One stream's events as read (entry ids beside them), forwarded and waiting to be stored and acked."""
+
+    key: bytes
+    stream: str
+    entry_ids: list
+    events: list[dict]
+
+
 class Relay:
+    # the write of one batch; a class attribute so the bench's baseline relay can put the old one back
+    persist = staticmethod(persist_events)
+
     def __init__(
         self,
         *,
         redis_url: str | None = None,
         batch: int = 500,
+        max_batch: int = 2000,
         block_ms: int = 500,
+        linger_ms: float = 20.0,
+        store_ahead: int = 4,
         periodic=(),
         on_stored=(),
     ):
@@ -51,8 +76,18 @@ class Relay:
             redis_url or settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5
         )
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
+        # entries read per stream and round: ``batch``, doubled up to ``max_batch`` while a read comes back
+        # full (a backlog), halved back when it does not: fewer, larger batches and frames while catching up
         self.batch = batch
+        self.max_batch = max(batch, max_batch)
+        self.count = batch
         self.block_ms = block_ms
+        # after a round that read little, the next read waits until linger_ms after the previous one began,
+        # so a trickle from many producers goes out as one frame per subscriber every linger_ms instead of
+        # one per append (50 clients x 500 appends/s would be 25,000 frames/s for one daphne); a read that
+        # comes back full never waits. This bounds the latency it adds to linger_ms.
+        self.linger_s = linger_ms / 1000
+        self.last_read = 0.0
         self.known: set[bytes] = set()
         self.layer = get_channel_layer()
         # one event loop for the relay's life: channels_redis keeps its connection pool per loop, and
@@ -67,6 +102,18 @@ class Relay:
         self.periodic = [[interval, fn, 0.0] for interval, fn in periodic]
         # callables (stream, events) told about every stored batch (the jobs app keeps a job's progress)
         self.on_stored = list(on_stored)
+        # our own pending entries (read, not acknowledged) are read again when this is set: at start (a
+        # relay of the same name that died), after a failure, after claiming another relay's entries
+        self.reread_pending = True
+        # the store thread: ``store_ahead`` batches may wait for it (0: store in line, before the next read)
+        self.store_ahead = store_ahead
+        self.store_queue: queue.Queue[StoreBatch | None] = queue.Queue(maxsize=max(1, store_ahead))
+        self.store_failure: BaseException | None = None
+        self.queued_upto: dict[str, int] = {}  # stream -> highest seq handed to the store thread
+        self.store_thread: threading.Thread | None = None
+        if store_ahead > 0:
+            self.store_thread = threading.Thread(target=self.store_loop, name="relay-store", daemon=True)
+            self.store_thread.start()
 
     def discover(self) -> None:
         for key in self.redis.smembers(STREAMS_SET) - self.known:
@@ -78,30 +125,40 @@ class Relay:
             self.known.add(key)
 
     def handle(self, response) -> int:
+        """Forward and store (or hand to the store thread) what one XREADGROUP returned."""
         handled = 0
         for key, entries in response or []:
             if not entries:
                 continue
             stream = stream_of_key(key)
-            close_old_connections()
-            pairs = list(zip((entry_id for entry_id, _ in entries), parse_entries(entries), strict=True))
+            # each entry is one event's JSON (``workers.events``): the batch is parsed in one call, and
+            # forwarded as the entries' own text joined, not encoded again
+            raws = [fields[b"event"] for _, fields in entries]
+            joined = b"[" + b",".join(raws) + b"]"
+            pairs = list(zip((entry_id for entry_id, _ in entries), json.loads(joined), strict=True))
+            if pairs[0][1]["seq"] <= self.queued_upto.get(stream, 0):
+                # not after what the store thread holds (read again, or a restarted counter): checking
+                # clashes against the database needs those stored first
+                self.wait_stored()
             floor = self.restarted_counter_floor(stream, [event for _, event in pairs])
             moved = [(entry_id, event) for entry_id, event in pairs if event["seq"] <= floor]
             kept = [(entry_id, event) for entry_id, event in pairs if event["seq"] > floor]
             if kept:
                 events = [event for _, event in kept]
+                if len(kept) < len(pairs):
+                    kept_raws = (raw for raw, (_, e) in zip(raws, pairs, strict=True) if e["seq"] > floor)
+                    joined = b"[" + b",".join(kept_raws) + b"]"
                 # forwarded first, then stored: subscribers do not wait for the database write (the
                 # relay's biggest cost per event); one that resumes gets these from Redis, and a relay that
                 # dies before storing them re-reads them unacknowledged (subscribers drop the repeats)
-                self.send(group_name(stream), events_message(stream, events))
+                self.send(group_name(stream), events_message(stream, events, encoded=joined.decode()))
                 self.high_water[stream] = (events[-1]["seq"], time.monotonic())
-                persist_events(events)
-                for fn in self.on_stored:
-                    try:
-                        fn(stream, events)
-                    except Exception:  # noqa: BLE001 - a listener must not stop the relay
-                        log.exception("relay: %s failed on %s", getattr(fn, "__name__", fn), stream)
-                self.redis.xack(key, GROUP, *[entry_id for entry_id, _ in kept])
+                batch = StoreBatch(key, stream, [entry_id for entry_id, _ in kept], events)
+                if self.store_thread is None:
+                    self.store([batch])
+                else:
+                    self.queued_upto[stream] = max(self.queued_upto.get(stream, 0), events[-1]["seq"])
+                    self.store_queue.put(batch)  # blocks while store_ahead batches wait: back-pressure
             if moved:
                 seqs = self.writer.renumber(stream, moved, floor, group=GROUP)
                 log.warning(
@@ -116,6 +173,68 @@ class Relay:
                 )
             handled += len(entries)
         return handled
+
+    def store(self, batches: list[StoreBatch]) -> None:
+        """Persist batches (one transaction), tell the listeners (once per stream), then acknowledge them:
+        only a stored event is acked."""
+        by_stream: dict[str, list[dict]] = {}
+        for batch in batches:
+            by_stream.setdefault(batch.stream, []).extend(batch.events)
+        self.persist([event for events in by_stream.values() for event in events])
+        for stream, events in by_stream.items():
+            for fn in self.on_stored:
+                try:
+                    fn(stream, events)
+                except Exception:  # noqa: BLE001 - a listener must not stop the relay
+                    log.exception("relay: %s failed on %s", getattr(fn, "__name__", fn), stream)
+        for batch in batches:
+            try:
+                self.redis.xack(batch.key, GROUP, *batch.entry_ids)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # Redis lost its data since the batch was read (the stream is back, its group not yet):
+                # there is nothing left to acknowledge
+                log.info("relay: %s: nothing to acknowledge (%s)", batch.stream, exc)
+
+    def store_loop(self) -> None:
+        """The store thread: stores batches in the order they were read, all those waiting at once (a
+        store that fell behind catches up in larger writes, with one listener call per stream). A batch
+        that fails stays pending in Redis; the failure is raised in the relay's loop (``step``), which backs
+        off and reads it again."""
+        closing = False
+        while not closing:
+            batches = [self.store_queue.get()]
+            while True:
+                try:
+                    batches.append(self.store_queue.get_nowait())
+                except queue.Empty:
+                    break
+            closing = None in batches
+            try:
+                if stored := [batch for batch in batches if batch is not None]:
+                    self.store(stored)
+            except Exception as exc:  # noqa: BLE001 - handed to the relay's loop, which decides
+                if self.store_failure is None:
+                    self.store_failure = exc
+                close_old_connections()  # a broken connection is opened again for the next batch
+            finally:
+                for _ in batches:
+                    self.store_queue.task_done()
+        connections.close_all()  # this thread's own connection
+
+    def wait_stored(self) -> None:
+        """Return once every batch handed to the store thread is stored (or has failed)."""
+        if self.store_thread is not None:
+            self.store_queue.join()
+        self.queued_upto.clear()
+
+    def close(self) -> None:
+        """Store what was handed over, then end the store thread."""
+        if self.store_thread is not None and self.store_thread.is_alive():
+            self.store_queue.put(None)
+            self.store_thread.join(timeout=30)
+        self.loop.close()
 
     def send(self, group: str, message: dict) -> None:
         self.loop.run_until_complete(self.layer.group_send(group, message))
@@ -137,12 +256,24 @@ class Relay:
         lost its counter); else the floor found before (0 when none): events at or below it are renumbered."""
         floor = renumber_floor(self.redis, stream)
         if clashing_events(stream, [e for e in events if e["seq"] > floor]):
+            self.wait_stored()  # the highest stored seq must count every event already forwarded
             counter = int(self.redis.get(seq_key(stream)) or 0)
             floor = max(floor, highest_stored_seq(stream), counter)
         return floor
 
+    def raise_store_failure(self) -> None:
+        """Once the store thread has finished what it holds, raise its first failure (if any): the entries
+        it did not acknowledge are read again by the next step."""
+        if self.store_failure is None:
+            return
+        self.wait_stored()
+        failure, self.store_failure = self.store_failure, None
+        self.reread_pending = True
+        raise failure
+
     def step(self) -> int:
-        """One round: discover streams, re-deliver our own pending entries, then read new ones."""
+        """One round: discover streams, re-deliver our own pending entries when needed, read new ones."""
+        self.raise_store_failure()
         self.discover()
         if not self.known:
             time.sleep(self.block_ms / 1000)
@@ -150,14 +281,33 @@ class Relay:
         if time.monotonic() - self.last_claim > CLAIM_IDLE_MS / 1000:
             self.last_claim = time.monotonic()
             for key in self.known:
-                self.redis.xautoclaim(
+                claimed = self.redis.xautoclaim(
                     key, GROUP, self.consumer, min_idle_time=CLAIM_IDLE_MS, count=self.batch
                 )
-        pending = self.redis.xreadgroup(GROUP, self.consumer, {k: "0" for k in self.known}, count=self.batch)
-        handled = self.handle(pending)
+                if claimed and claimed[1]:
+                    self.reread_pending = True
+        handled = 0
+        if self.reread_pending:
+            # what the store thread holds is pending too: once it is stored, what is pending is ours to redo
+            self.wait_stored()
+            pending = self.redis.xreadgroup(
+                GROUP, self.consumer, {k: "0" for k in self.known}, count=self.count
+            )
+            handled = self.handle(pending)
+            self.reread_pending = handled > 0  # read again (after these are stored) until none is left
+        wait = self.last_read + self.linger_s - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self.last_read = time.monotonic()
         fresh = self.redis.xreadgroup(
-            GROUP, self.consumer, {k: ">" for k in self.known}, count=self.batch, block=self.block_ms
+            GROUP, self.consumer, {k: ">" for k in self.known}, count=self.count, block=self.block_ms
         )
+        most = max((len(entries) for _, entries in fresh or []), default=0)
+        if most >= self.count:
+            self.count = min(self.count * 2, self.max_batch)
+            self.last_read = 0.0  # behind: the next read does not wait
+        elif most < self.count // 4:
+            self.count = max(self.count // 2, self.batch)
         return handled + self.handle(fresh)
 
     def run_periodic(self) -> None:
@@ -174,20 +324,25 @@ class Relay:
     def run_forever(self) -> None:
         log.info("relay %s reading %s", self.consumer, settings.REDIS_URL.split("@")[-1])
         backoff = 0.5
-        while not self.stop.is_set():
-            try:
-                self.step()
-                self.send_high_water_marks()
-                self.run_periodic()
-                backoff = 0.5
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("relay: Redis unavailable (%s); retrying in %.1fs", exc, backoff)
-                self.known.clear()
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10)
-            except (OperationalError, InterfaceError) as exc:
-                # the database restarts: what was read stays unacknowledged in Redis and is read again
-                log.warning("relay: database unavailable (%s); retrying in %.1fs", exc, backoff)
-                close_old_connections()
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, 10)
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.step()
+                    self.send_high_water_marks()
+                    self.run_periodic()
+                    backoff = 0.5
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    log.warning("relay: Redis unavailable (%s); retrying in %.1fs", exc, backoff)
+                    self.known.clear()
+                    self.reread_pending = True
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, 10)
+                except (OperationalError, InterfaceError) as exc:
+                    # the database restarts: what was read stays unacknowledged in Redis and is read again
+                    log.warning("relay: database unavailable (%s); retrying in %.1fs", exc, backoff)
+                    self.reread_pending = True
+                    close_old_connections()
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, 10)
+        finally:
+            self.close()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from typing import Any
 
 import redis
-from django.db import transaction
+from django.db import connection, transaction
 
 from controlplane.common.redis import redis_client
 from controlplane.live.models import PendingEvent, StreamEvent
@@ -55,19 +56,59 @@ def publish_pending_events(*, limit: int = 500) -> int:
 
 
 def persist_events(events: list[dict]) -> int:
-    """Store a batch of events; re-delivered ones (same stream and seq) are ignored. Returns the count sent.
-    The relay first sets aside events whose number is already taken by another event
-    (:func:`controlplane.live.selectors.clashing_events`): those are renumbered, never dropped."""
+    """Store a batch of events in one transaction; re-delivered ones (same stream and seq) are ignored.
+    Returns the count sent. The relay first sets aside events whose number is already taken by another
+    event (:func:`controlplane.live.selectors.clashing_events`): those are renumbered, never dropped.
+
+    Plain tuples in multi-row ``INSERT ... VALUES (...), (...) ON CONFLICT DO NOTHING`` statements
+    (SQLite >= 3.24 and PostgreSQL both have it), values encoded to JSON once, here, as ``JSONField``
+    would: the ORM's ``bulk_create`` builds a model instance per row and was most of the relay's time, so
+    at 2,000 events/s it fell behind (issue 16). ``executemany`` is as fast on SQLite but sends one
+    statement per row to PostgreSQL. Per 500 events, medians on the busy 2-core bench machine:
+    SQLite bulk_create 128 ms, executemany 46 ms, this 49 ms; PostgreSQL 121, 109 and 46 ms."""
+    if not events:
+        return 0
+    adapt_time = connection.ops.adapt_datetimefield_value
     rows = [
-        StreamEvent(
-            stream=e["stream"],
-            seq=e["seq"],
-            time=parse_time(e["time"]),
-            kind=e["kind"],
-            step=e.get("step"),
-            values=e.get("values") or {},
+        (
+            e["stream"],
+            e["seq"],
+            adapt_time(parse_time(e["time"])),
+            e["kind"],
+            e.get("step"),
+            json.dumps(e.get("values") or {}, separators=(",", ":"), allow_nan=False),
         )
         for e in events
     ]
-    StreamEvent.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
+    with transaction.atomic(), _unlogged_cursor() as cursor:
+        for start in range(0, len(rows), ROWS_PER_INSERT):
+            chunk = rows[start : start + ROWS_PER_INSERT]
+            cursor.execute(_insert_sql(len(chunk)), [value for row in chunk for value in row])
     return len(rows)
+
+
+def _unlogged_cursor():
+    """A cursor whose statements stay out of ``DEBUG``'s query log (what ``connection.cursor()`` returns
+    when DEBUG is off; database errors are still Django's). Under ``make run`` (DEBUG on) the relay's
+    INSERTs of 900 parameters each would be quoted again to be logged (SQLite: one more ``SELECT
+    QUOTE(?), ...`` per statement, a third of the write's time) and the log would keep 9,000 of them
+    (~200 MB) in a process that runs for weeks."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return connection.make_cursor(connection.create_cursor())
+
+
+_STORED_FIELDS = ("stream", "seq", "time", "kind", "step", "values")
+# 150 rows x 6 columns = 900 parameters: under SQLite's historical limit of 999 per statement
+ROWS_PER_INSERT = 150
+
+
+@functools.cache
+def _insert_sql(rows: int) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(StreamEvent._meta.get_field(name).column) for name in _STORED_FIELDS)
+    row = "(" + ", ".join(["%s"] * len(_STORED_FIELDS)) + ")"
+    return (
+        f"INSERT INTO {quote(StreamEvent._meta.db_table)} ({columns}) VALUES {', '.join([row] * rows)} "
+        "ON CONFLICT DO NOTHING"
+    )

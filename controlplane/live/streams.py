@@ -17,11 +17,12 @@ def group_name(stream: str) -> str:
     return "stream." + stream.replace("/", ".")
 
 
-def events_message(stream: str, events: list[dict]) -> dict:
+def events_message(stream: str, events: list[dict], *, encoded: str | None = None) -> dict:
     """The relay's group message for one batch of a stream's events, in ``seq`` order. The batch is
     encoded to JSON once, here, and not by each subscriber: a consumer whose client takes batches and
     has every event before ``first_seq`` forwards ``encoded`` as it is (``batch_frame``); it decodes it
-    only to skip events or fill a gap (``contiguous`` false: the batch itself has holes)."""
+    only to skip events or fill a gap (``contiguous`` false: the batch itself has holes). ``encoded``:
+    the events' JSON array when the caller holds it already (the relay joins the entries it read)."""
     first, last = events[0]["seq"], events[-1]["seq"]
     return {
         "type": "live.events",
@@ -29,7 +30,9 @@ def events_message(stream: str, events: list[dict]) -> dict:
         "first_seq": first,
         "last_seq": last,
         "contiguous": last - first + 1 == len(events),
-        "encoded": json.dumps(events, separators=(",", ":"), allow_nan=False),
+        "encoded": encoded
+        if encoded is not None
+        else json.dumps(events, separators=(",", ":"), allow_nan=False),
     }
 
 
