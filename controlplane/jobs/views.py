@@ -13,6 +13,7 @@ from controlplane.accounts.selectors import teams_of
 from controlplane.common.models import JobState
 from controlplane.jobs import selectors, services
 from controlplane.jobs.forms import CompareForm
+from workers.planner.plan import predicted_overlap_ratio
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
 
@@ -85,6 +86,7 @@ def job_detail(request, pk: int):
                 "nnodes": job.nnodes,
                 "created_at": job.created_at.isoformat(),
                 "plan_predicted": (job.plan or {}).get("predicted") or {},
+                "predicted_overlap_ratio": predicted_overlap_ratio((job.plan or {}).get("predicted") or {}),
                 "measured": job.measured,
                 "figures": {
                     "step_time_s": row.measured_step_time_s,

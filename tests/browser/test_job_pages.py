@@ -57,7 +57,16 @@ def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page
 
     client = APIClient()
     client.force_authenticate(alice)
-    plan = {"strategy": example("dp2.json"), "predicted": {"step_time_s": 0.05, "tokens_per_s": 5120.0}}
+    plan = {
+        "strategy": example("dp2.json"),
+        "predicted": {
+            "step_time_s": 0.05,
+            "tokens_per_s": 5120.0,
+            # the cost model's communication: 0.02 s of DP all-reduce, 0.005 s of it exposed -> 75 % hidden
+            "comm_s": {"tp": 0.0, "pp": 0.0, "dp": 0.02, "ep": 0.0, "cp": 0.0},
+            "exposed_comm_s": 0.005,
+        },
+    }
     steps = 40
     r = client.post(
         "/api/jobs/",
@@ -94,6 +103,15 @@ def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page
     assert measured == pytest.approx(job.measured["step_time_s"])
     ratio = float(page.get_attribute("#step-time-ratio", "data-value"))
     assert ratio == pytest.approx(job.measured["step_time_s"] / 0.05)
+    # the overlap ratio: measured on the profiled steps (every collective), the plan's beside it
+    assert page.inner_text("#predicted-overlap") == "75.0%"
+    assert "profiler" in job.measured["overlap_source"] and 0 <= job.measured["overlap_ratio"] <= 1
+    page.wait_for_function(
+        "(v) => Number(document.getElementById('measured-overlap').dataset.value) === v",
+        arg=job.measured["overlap_ratio"],
+        timeout=10000,
+    )
+    assert "run summary" in page.inner_text("#overlap-note")
     states = page.eval_on_selector_all("#job-events li", "els => els.map(e => e.dataset.state)")
     assert (
         states[0] == "queued" and "started" in states and "finished" in states and states[-1] == "succeeded"

@@ -293,7 +293,7 @@ def test_dgc_options_are_checked():
 
 def test_dgc_momentum_and_clipping_checkpoint_and_resume_exactly(ranks):
     assert ranks[0]["topk_dgc_momentum_norm"] > 0
-    assert ranks[0]["topk_dgc_ckpt_keys"] == ["momentum", "residuals", "step"]
+    assert ranks[0]["topk_dgc_ckpt_keys"] == ["momentum", "residuals", "schedule", "step"]
     assert not torch.equal(_same_on_all_ranks(ranks, "topk_dgc"), _same_on_all_ranks(ranks, "topk_1pct"))
     assert torch.equal(
         _same_on_all_ranks(ranks, "topk_dgc_resumed"), _same_on_all_ranks(ranks, "topk_dgc_ref")

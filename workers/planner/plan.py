@@ -93,3 +93,16 @@ class SearchResult:
         if with_candidates:
             out["candidates"] = self.candidates
         return out
+
+
+def predicted_overlap_ratio(predicted: dict[str, Any]) -> float | None:
+    """The plan's predicted overlap ratio: communication hidden under compute / all communication
+    (``1 - exposed_comm_s / sum(comm_s)``: TP and EP comm count as exposed, the cost model never hides them).
+    None for a plan without communication or without these figures (older plans)."""
+    comm, exposed = predicted.get("comm_s"), predicted.get("exposed_comm_s")
+    if not isinstance(comm, dict) or not isinstance(exposed, int | float):
+        return None
+    total = sum(v for v in comm.values() if isinstance(v, int | float))
+    if total <= 0:
+        return None
+    return round(min(1.0, max(0.0, 1.0 - exposed / total)), 4)

@@ -8,7 +8,10 @@ these (a test keeps them equal).
 from __future__ import annotations
 
 # DDP communication hooks a job may name in ``comm_hook`` (the keys of ``workers.training.comm.HOOKS``)
-HOOK_NAMES = ("allreduce", "fp16", "bf16", "powerSGD", "topk_ef", "sign_ef", "hierarchical")
+HOOK_NAMES = ("allreduce", "fp16", "bf16", "powerSGD", "topk_ef", "sign_ef", "hierarchical", "adaptive")
+# the hooks with an FSDP2 (zero_stage 1-3) reduce-scatter form (``workers.training.comm.fsdp_comm``); powerSGD
+# has none: it all-reduces low-rank factors of whole gradient matrices, a reduce-scatter sees flat shards
+FSDP_HOOK_NAMES = ("allreduce", "fp16", "bf16", "topk_ef", "sign_ef", "hierarchical")
 
 # methods ``cann-train comm-opt`` and a job page's comparison train side by side
 COMPARE_METHODS = (
@@ -20,6 +23,7 @@ COMPARE_METHODS = (
     "sign_ef",
     "hierarchical",
     "hierarchical_topk",
+    "adaptive",
 )
 # the CLI's default: every method except bf16 (on CPUs it measures the same as fp16)
 COMPARE_DEFAULT_METHODS = tuple(m for m in COMPARE_METHODS if m != "bf16")

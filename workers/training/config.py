@@ -22,7 +22,7 @@ from typing import Any
 
 from workers.planner.search import ep_rule, tp_rule
 from workers.planner.specs import ModelSpec, MoESpec, SpecError, Strategy, TrainingConfig, stage_split_problem
-from workers.training.comm_methods import HOOK_NAMES
+from workers.training.comm_methods import FSDP_HOOK_NAMES, HOOK_NAMES
 
 # The runtime's names for the planner's model classes (the runtime adds checks, not fields).
 ModelConfig = ModelSpec
@@ -132,6 +132,8 @@ SNAPSHOT_DELTAS = ("xor", "log")
 """``JobConfig.snapshot_delta``: the kinds of snapshot taken between full ones (docs/elastic.md)."""
 RISK_POLICIES = ("act", "observe")
 """``JobConfig.risk_policy``: whether the fault-risk loop may act on the job (docs/fault_risk.md)."""
+COMM_ORDERS = ("reverse", "priority", "magnitude")
+"""``JobConfig.comm_order``: the order data-parallel gradients are sent in (``workers.training.comm.priority``)."""
 # One step's gradients, zstd, were 3.04x smaller than a full snapshot of the same 99.5M-parameter AdamW
 # state (bench/elastic.py, docs/elastic.md): a log of 4 or more steps is larger than a full snapshot.
 LOG_MAX_SNAPSHOT_EVERY = 3
@@ -195,6 +197,13 @@ class JobConfig:
     bucket_cap_mb: float | None = None
     """DDP gradient bucket size in MB. ``None``: chosen from ``inter_node_GBps``/``inter_node_latency_us``
     by ``choose_bucket_cap_mb`` when those are given, else DDP's default (25 MB)."""
+    comm_order: str = "reverse"
+    """The order data-parallel gradients go on the wire: ``reverse`` -- DDP's (buckets as backward produces
+    them, the last layers first; the step waits for all of them); ``priority`` -- the first layers first,
+    each layer updated and run by the next forward as soon as its gradient is in, while later ones are still
+    in flight (ByteScheduler, Peng et al. SOSP'19; P3, Jayarajan et al. SysML'19); ``magnitude`` -- the same,
+    the largest-norm partitions first. Partitions of ``bucket_cap_mb``. Not ``reverse``: data parallelism
+    only, ``grad_clip`` 0, no ``comm_hook``, no snapshots (``workers.training.comm.priority``)."""
     inter_node_GBps: float | None = None
     """The job's inter-node bandwidth, GB/s per device per direction (cluster.json units); sizes buckets."""
     inter_node_latency_us: float = 0.0
@@ -310,10 +319,19 @@ class JobConfig:
         fail("strategy.ep", ep_rule(m, s.ep, s.dp, s.cp))
         if self.steps < 1:
             fail("steps", "must be >= 1")
-        if self.comm_hook and s.zero_stage != 0:
-            fail("comm_hook", "DDP communication hooks apply to zero_stage 0 only")
+        hook_name = (self.comm_hook or "").partition(":")[0].strip()
+        if self.comm_hook and s.zero_stage != 0 and hook_name not in FSDP_HOOK_NAMES:
+            fail(
+                "comm_hook",
+                f"{hook_name} has no FSDP2 reduce-scatter form (zero_stage {s.zero_stage}): it all-reduces "
+                "low-rank factors of whole gradient matrices, FSDP2's reduce-scatter sees flat shards; use "
+                f"zero_stage 0, or one of {', '.join(FSDP_HOOK_NAMES)}",
+            )
         if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:
             fail("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
+        if self.comm_order != "reverse":
+            for problem in comm_order_problems(self):
+                fail("comm_order", problem)
         if self.inter_node_GBps is not None and self.inter_node_GBps <= 0:
             fail("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
         if self.inter_node_latency_us < 0:
@@ -402,6 +420,10 @@ class JobConfig:
             raise ConfigError(
                 "risk_policy", f"must be one of {', '.join(RISK_POLICIES)}, got {kwargs['risk_policy']!r}"
             )
+        if "comm_order" in kwargs and kwargs["comm_order"] not in COMM_ORDERS:
+            raise ConfigError(
+                "comm_order", f"must be one of {', '.join(COMM_ORDERS)}, got {kwargs['comm_order']!r}"
+            )
         if "snapshot_delta" in kwargs and kwargs["snapshot_delta"] not in SNAPSHOT_DELTAS:
             raise ConfigError(
                 "snapshot_delta",
@@ -427,6 +449,28 @@ class JobConfig:
     @classmethod
     def load(cls, path: str | Path) -> JobConfig:
         return cls.from_dict(read_json(path, "config"))
+
+
+def comm_order_problems(cfg: JobConfig) -> list[str]:
+    """Why ``cfg.comm_order`` (priority or magnitude) cannot run with the rest of ``cfg`` (empty: it can).
+    A step's update ends in the next step's forward, layer by layer, so nothing may need the whole
+    averaged gradient at the end of the step (clipping by its norm, a snapshot, a hook of its own)."""
+    s, order, out = cfg.strategy, cfg.comm_order, []
+    if s.zero_stage != 0 or s.tp > 1 or s.pp > 1 or s.cp > 1 or s.ep > 1:
+        out.append(
+            f"{order} replaces DDP: data parallelism only (zero_stage 0, tp = pp = cp = ep = 1), got "
+            f"{s.short_name()} zero_stage {s.zero_stage}"
+        )
+    if cfg.comm_hook:
+        out.append(f"{order} sends dense averaged gradients itself: drop comm_hook {cfg.comm_hook!r}")
+    if cfg.grad_clip > 0:
+        out.append(
+            f"{order} updates each layer as soon as its gradient arrives, before the global gradient norm "
+            f"exists: set grad_clip 0 (got {cfg.grad_clip})"
+        )
+    if cfg.snapshot_every or cfg.snapshot_memory_every or cfg.resume:
+        out.append(f"{order} does not take snapshots yet: a step's update completes in the next forward")
+    return out
 
 
 def _check_comm_hook(spec: str) -> None:

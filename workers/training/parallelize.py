@@ -25,7 +25,10 @@ from workers.training.parallel.context import ContextParallelAttention, apply_cp
 from workers.training.parallel.data_parallel import (
     apply_ddp,
     apply_fsdp,
+    apply_local_reducer,
+    apply_priority_sync,
     apply_replicate,
+    attach_fsdp_comm_hook,
     register_ddp_comm_hook,
     resolve_bucket_cap_mb,
 )
@@ -90,6 +93,9 @@ class ParallelModel:
     ``comm_stats()`` and the error-feedback ``state_dict()`` a checkpoint must keep."""
     bucket_cap_mb: float | None = None
     """DDP bucket size in use (``None``: DDP's default, 25 MB)."""
+    grad_reducers: list = field(default_factory=list)
+    """Tensor-parallel ZeRO-0 parts under a comm hook: their data-parallel reduction, run by
+    :meth:`finish_grads` (``workers.training.comm.fsdp_comm.LocalGradReducer``)."""
     cp_positions: torch.Tensor | None = None
     """With context parallelism: the sequence positions this rank trains on (on its device)."""
 
@@ -123,6 +129,8 @@ class ParallelModel:
         """Complete gradients that no data-parallel wrapper reduces: partial sequence-parallel ones and the
         expert-parallel weights."""
         self.sync_tensor_parallel_grads()
+        for reducer in self.grad_reducers:
+            reducer.reduce()
         self.sync_expert_grads()
 
     def sync_tensor_parallel_grads(self) -> None:
@@ -161,7 +169,7 @@ def parallelize(
         stages = pipeline_split(model, coords["pp"], dims.pp, s.vpp, s.layers_per_stage)
     else:
         stages = [(0, model)]
-    model_parts, raw_parts, expert_params, comm_states = [], [], [], []
+    model_parts, raw_parts, expert_params, comm_states, grad_reducers = [], [], [], [], []
     positions = None  # this rank's token positions with context parallelism (the same for every stage)
     bucket_cap_mb = resolve_bucket_cap_mb(cfg)
     for _stage_index, part in stages:
@@ -181,7 +189,9 @@ def parallelize(
             apply_ac(part, s.recompute)
         wrapped: nn.Module = part
         if dims.replicas > 1 or s.zero_stage > 0:
-            if s.zero_stage == 0 and dims.tp == 1:
+            if s.zero_stage == 0 and dims.tp == 1 and cfg.comm_order != "reverse":
+                comm_states.append(apply_priority_sync(part, replica_mesh.get_group(), cfg))
+            elif s.zero_stage == 0 and dims.tp == 1:
                 ignored = [n for n, p in part.named_parameters() if is_expert_param(p)]
                 hook = cfg.comm_hook or ("allreduce" if timed_allreduce else None)
                 wrapped, comm_state = apply_ddp(
@@ -189,6 +199,12 @@ def parallelize(
                 )
                 if comm_state is not None:
                     comm_states.append(comm_state)
+            elif s.zero_stage == 0 and cfg.comm_hook:
+                reducer, comm_state = apply_local_reducer(
+                    part, replica_mesh.get_group(), set(part_expert_params), cfg.comm_hook, bucket_cap_mb
+                )
+                grad_reducers.append(reducer)
+                comm_states.append(comm_state)
             elif s.zero_stage == 0:
                 apply_replicate(part, replica_mesh, set(part_expert_params))
             else:
@@ -201,6 +217,8 @@ def parallelize(
                     expert_mesh=moe_mesh["edp"] if shard_experts else None,
                     replicas=dims.replicas,
                 )
+                if cfg.comm_hook:
+                    comm_states.append(attach_fsdp_comm_hook(part, replica_mesh.get_group(), cfg.comm_hook))
                 if shard_experts:  # FSDP reduces these now, not sync_expert_grads
                     handed_over = set(part_expert_params)
                     expert_params = [p for p in expert_params if p not in handed_over]
@@ -217,6 +235,7 @@ def parallelize(
         raw_parts=raw_parts,
         comm_states=comm_states,
         bucket_cap_mb=bucket_cap_mb,
+        grad_reducers=grad_reducers,
         cp_positions=positions,
     )
     if dims.pp > 1:

@@ -154,6 +154,9 @@ class Trainer:
         self.pm: ParallelModel = parallelize(
             model, cfg, self.device, world_size, rank, timed_allreduce=self.step_times is not None
         )
+        for st in self.pm.comm_states:  # schedules scaled to the job (topk_ef's default density warm-up)
+            if hasattr(st, "plan_for_job"):
+                st.plan_for_job(cfg.start_step + cfg.steps)
         params = list(self.pm.parameters())
         # Expert weights in a group of their own: sharded on another mesh (edp) than the rest, or plain
         # tensors beside DTensors; a foreach step cannot mix either. Each group is homogeneous.
@@ -211,6 +214,9 @@ class Trainer:
                 under_torchrun="TORCHELASTIC_RUN_ID" in os.environ,
             )
         self.last_split = None
+        # communication wall time and the part of it hidden under compute, summed over the profiled steps
+        # (the run's measured overlap ratio: hidden / total)
+        self.comm_hidden_sums = [0.0, 0.0, 0]
         self.publish_seconds = 0.0
         """Training-thread time spent building and handing over ``train`` events (the overhead bench)."""
         self.history: list[StepResult] = []
@@ -218,6 +224,10 @@ class Trainer:
         self._expert_fqns, self._expert_suffix = self._per_rank_chunks()
         self._param_fqns, self._log_params = self._parameter_keys()
         self._group_of = {id(p): i for i, g in enumerate(self.optimizer.param_groups) for p in g["params"]}
+        self.grad_sync = next((st for st in self.pm.comm_states if hasattr(st, "bind_optimizer")), None)
+        """``comm_order`` priority|magnitude: the gradient sync that steps each stage in its next forward."""
+        if self.grad_sync is not None:
+            self.grad_sync.bind_optimizer(self.optimizer)
         self.resumed: dict | None = None
         """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
         self._snapshot_buffers_started = False
@@ -320,6 +330,8 @@ class Trainer:
         """This rank's share of the squared global gradient norm: each gradient piece divided by the number
         of ranks holding an identical copy, so that one SUM all-reduce over the world gives the total."""
         dp, tp = self.pm.dims.replicas, self.pm.dims.tp  # dp * cp ranks hold the same parameters
+        if self.grad_sync is not None:  # gradients still in flight: the previous step's averaged norm
+            return torch.tensor(self.grad_sync.last_grad_sq() / dp, dtype=torch.float64, device=self.device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.pm.parameters():
             if p.grad is None:
@@ -351,8 +363,8 @@ class Trainer:
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         inputs, labels = pm.shard_sequence(inputs), pm.shard_sequence(labels)
         local_loss = self._forward_backward(inputs, labels)
-        comm = self._comm_figures()
         pm.finish_grads()
+        comm = self._comm_figures()  # after finish_grads: a tensor-parallel ZeRO-0 hook reduces there
 
         # One small all-reduce per step carries everything rank 0 reports and clipping needs:
         # [grad_norm^2, loss sum, loss count, snapshot-now requests, expert loads (moe layers x experts)].
@@ -419,7 +431,19 @@ class Trainer:
             out["dense_fp32_bytes"] += int(figures["dense_fp32_bytes"])
             if "inter_node_bytes" in figures:
                 out["inter_node_bytes"] = out.get("inter_node_bytes", 0) + int(figures["inter_node_bytes"])
+            if "density" in figures:  # share of the gradient elements selected (top-k warm-up, adaptive)
+                out["density_elements"] = out.get("density_elements", 0.0) + figures.get(
+                    "density_elements", 0.0
+                )
+        if "density_elements" in out:
+            elements = out["dense_fp32_bytes"] / 4
+            out["comm_density"] = out.pop("density_elements") / elements if elements else 1.0
         return out
+
+    def _comm_switches(self) -> list[dict]:
+        """The comm hooks' method/density switches since the last step (``adaptive``), each with its
+        reason; every rank drains them, rank 0 publishes them as ``comm_switch`` events."""
+        return [sw for st in self.pm.comm_states if hasattr(st, "take_switches") for sw in st.take_switches()]
 
     def _update_expert_bias(self, global_loads: torch.Tensor) -> None:
         """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i)."""
@@ -441,6 +465,9 @@ class Trainer:
             result = self.train_step(inputs, labels)
             device_mod.synchronize(self.device.type)
         self.last_split = split_comm_compute(prof.events())
+        self.comm_hidden_sums[0] += self.last_split.comm_s
+        self.comm_hidden_sums[1] += self.last_split.overlap_s
+        self.comm_hidden_sums[2] += 1
         return result
 
     def train(self) -> dict:
@@ -505,6 +532,9 @@ class Trainer:
                     values = self._train_values(result, bubble) | ranks
                     self.publisher.submit("train", values, step=result.step)
                     self.publish_seconds += time.perf_counter() - t_pub
+                for switch in self._comm_switches():
+                    if self.rank == 0:
+                        self.publisher.submit("event", {"comm_switch": switch}, step=result.step)
                 self._publish_energy(result.step)
                 if self.step_times is not None:  # after the loop's last collective: the whole iteration
                     exposed = (result.comm or {}).get("comm_s_exposed")
@@ -520,6 +550,8 @@ class Trainer:
             )
             self.publisher.close()
             raise
+        if self.grad_sync is not None:  # the last step's update, still waiting for a next forward
+            self.grad_sync.flush()
         self._publish_energy(self.step, final=True)
         if self.progress is not None:
             self.progress.update("finishing")
@@ -606,6 +638,8 @@ class Trainer:
             values["compute_s"] = round(self.last_split.compute_s, 6)
             values["comm_s"] = round(self.last_split.comm_s, 6)
             values["exposed_comm_s"] = round(self.last_split.exposed_comm_s, 6)
+            if self.last_split.comm_s > 0:
+                values["overlap_ratio"] = round(self.last_split.overlap_s / self.last_split.comm_s, 4)
         if r.expert_load is not None:
             values["expert_load"] = r.expert_load
             values["expert_imbalance"] = round(r.expert_imbalance, 4)
@@ -613,6 +647,8 @@ class Trainer:
             values["comm_s_total"] = round(r.comm["comm_s_total"], 6)
             values["comm_s_exposed"] = round(r.comm["comm_s_exposed"], 6)
             values["comm_bytes"] = r.comm["comm_bytes"]
+            if "comm_density" in r.comm:
+                values["comm_density"] = round(r.comm["comm_density"], 6)
         return values
 
     def summary(self) -> dict:
@@ -669,6 +705,7 @@ class Trainer:
             out["mfu"] = round(out["tflops_per_device"] / self.cfg.peak_tflops, 5)
         if self.last_split is not None:
             out["compute_s"], out["comm_s"] = self.last_split.compute_s, self.last_split.comm_s
+        out.update(self._overlap_summary(steady))
         if h[-1].expert_load is not None:
             out["expert_load"] = h[-1].expert_load
         if isinstance(self.publisher, EventPublisher):
@@ -679,6 +716,8 @@ class Trainer:
             out["energy"] = self.energy.summary()
         if self.cfg.comm_hook:
             out["comm_hook"] = self.cfg.comm_hook
+        if self.cfg.comm_order != "reverse":
+            out["comm_order"] = self.cfg.comm_order
         measured = [r.comm for r in steady if r.comm is not None]
         if measured:  # rank 0's comm-hook figures, averaged like the step time
             for key in (
@@ -687,12 +726,38 @@ class Trainer:
                 "comm_bytes",
                 "dense_fp32_bytes",
                 "inter_node_bytes",
+                "comm_density",
             ):
                 if key in measured[-1]:
                     out[key] = sum(m.get(key, 0) for m in measured) / len(measured)
             # bytes of the last step: the steady state after any density / PowerSGD warm-up
             out["comm_bytes_last"] = measured[-1]["comm_bytes"]
+            if "comm_density" in measured[-1]:
+                out["comm_density_last"] = measured[-1]["comm_density"]
+        if any(hasattr(st, "switches") for st in self.pm.comm_states):  # adaptive: every switch and why
+            out["comm_switches"] = [sw for st in self.pm.comm_states for sw in getattr(st, "switches", [])]
         return out
+
+    def _overlap_summary(self, steady: list[StepResult]) -> dict:
+        """The measured overlap ratio: communication hidden under compute / all communication. From the
+        profiled steps where there are any (every collective and p2p op, as wall-time intervals: what the
+        planner's ratio counts too), else from the DP comm hook's own timing (1 - exposed / total; its
+        total sums the buckets, which overlap each other, so it reads high)."""
+        comm, hidden, n = self.comm_hidden_sums
+        if n and comm > 0:
+            return {
+                "overlap_ratio": round(hidden / comm, 4),
+                "overlap_source": f"profiler, {n} profiled step(s), every collective",
+            }
+        hooked = [r.comm for r in steady if r.comm is not None and r.comm.get("comm_s_total")]
+        if hooked:
+            total = sum(c["comm_s_total"] for c in hooked)
+            exposed = sum(min(c["comm_s_exposed"], c["comm_s_total"]) for c in hooked)
+            return {
+                "overlap_ratio": round(max(0.0, 1.0 - exposed / total), 4),
+                "overlap_source": "comm hook timing, data-parallel buckets only (run with profile_every for all)",
+            }
+        return {}
 
     # ---------------------------------------------------------------------------------- checkpoint seam
 

@@ -23,6 +23,7 @@ function describeTrain(step, v) {
     v.tokens_per_s != null && `${formatNumber(v.tokens_per_s)} tokens/s`,
     v.step_time_s != null && `${formatSeconds(v.step_time_s)}/step`,
     v.profiled && "profiled (slowed by the profiler)",
+    v.comm_density != null && `gradient density ${formatPercent(v.comm_density, v.comm_density < 0.01 ? 2 : 1)}`,
     ranks && `max RSS ${formatGiB(Math.max(...ranks.map((r) => r.rss_GiB || 0)), 2)} over ${ranks.length} ranks`,
   ]);
 }
@@ -106,6 +107,11 @@ export function describeEvent(e) {
     if (v.source && v.worker) {  // the dashboard's live probe, published by a Celery worker
       return { badge: "probe", badgeClass: "kind-probe",
                text: `probe from ${v.worker} via ${v.source}` + (v.message ? `: “${v.message}”` : "") };
+    }
+    if (v.comm_switch) {  // the adaptive comm hook changed a bucket's method or density
+      const c = v.comm_switch;
+      return { badge: "comm", badgeClass: "kind-comm",
+               text: `bucket ${c.bucket} (${c.first_param}): ${c.from} → ${c.to}: ${c.reason}` };
     }
     if (v.comm_compare) {
       const c = v.comm_compare;

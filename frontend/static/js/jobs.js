@@ -118,6 +118,7 @@ class JobSeries {
     this.tracker = new AttemptTracker();
     this.attempts = new Map();   // attempt -> AttemptSeries, in the order they appeared (= trace slots)
     this.memory = null;
+    this.overlap = null;  // the latest measured overlap ratio and where it came from
     this.expertLoad = null;
     this.expertImbalance = null;
   }
@@ -145,6 +146,11 @@ class JobSeries {
 
   note(v) {
     if (v.memory_GiB != null) this.memory = v.memory_GiB;
+    if (v.overlap_ratio != null) this.overlap = { ratio: v.overlap_ratio, profiled: true, source: "the latest profiled step, every collective" };
+    else if (v.comm_s_total > 0 && v.comm_s_exposed != null && !(this.overlap && this.overlap.profiled)) {
+      this.overlap = { ratio: Math.max(0, 1 - Math.min(v.comm_s_exposed, v.comm_s_total) / v.comm_s_total),
+                       source: "the latest step's comm hook timing, data-parallel buckets only" };
+    }
     if (Array.isArray(v.expert_load)) {
       this.expertLoad = v.expert_load;
       this.expertImbalance = v.expert_imbalance;
@@ -680,6 +686,19 @@ class JobDetail {
     cell("predicted-memory", formatGiB(predictedMemory, 2), predictedMemory);
     cell("measured-memory", formatGiB(memory, 3), memory);
     vs("memory-ratio", memory, predictedMemory);
+    // comm hidden under compute / all comm: the run summary's once it ended, else the latest step's
+    const summary = this.measured || this.page.measured || {};
+    const overlap = summary.overlap_ratio != null
+      ? { ratio: summary.overlap_ratio, source: `the run summary (${summary.overlap_source || "measured"})` }
+      : this.series.overlap;
+    const predictedOverlap = this.page.predicted_overlap_ratio;
+    cell("predicted-overlap", predictedOverlap != null ? formatPercent(predictedOverlap) : "no plan", predictedOverlap);
+    cell("measured-overlap", overlap ? formatPercent(overlap.ratio) : "not measured", overlap ? overlap.ratio : null);
+    vs("overlap-ratio", overlap ? overlap.ratio : null, predictedOverlap);
+    this.el("overlap-note").textContent = overlap
+      ? `Comm overlap (communication hidden under compute ÷ all communication) measured from ${overlap.source}` +
+        (predictedOverlap != null ? "; predicted by the plan's cost model (TP and EP comm count as exposed)." : ".")
+      : "Comm overlap: not measured yet (the runtime measures it on profiled steps: profile_every, or from a comm hook's timing).";
     this.el("measured-note").textContent = row
       ? (row.final ? "Measured: the run summary (steady steps: the first step and profiled steps left out)."
         : `Measured: mean over the last ${STEADY_WINDOW} steady steps before it stopped (the first step and profiled steps left out), as on the job list.`)

@@ -28,10 +28,16 @@ def register(subparsers) -> None:
         help="compare gradient compression / hierarchical all-reduce on an emulated network",
         description=__doc__.splitlines()[0],
     )
-    src = p.add_argument_group("what to train (dp only, ZeRO-0: DDP comm hooks)")
+    src = p.add_argument_group("what to train (default: dp only, ZeRO-0: DDP comm hooks)")
     src.add_argument("--plan", help="plan.json: its 'model' (and micro_batch_size)")
     src.add_argument("--model", help=f"model.json (default: {DEFAULT_MODEL.name}, 20.7M params)")
     src.add_argument("--micro-batch-size", type=int, help="sequences per rank per step (default 1)")
+    src.add_argument(
+        "--strategy",
+        help="S.json: any subset of the strategy fields (tp, pp, cp, ep, zero_stage, sequence_parallel, ...; "
+        "a plan's or an example's 'strategy' object also works); dp = nodes x ranks-per-node / (tp*pp*cp). "
+        "Every method runs under that layout",
+    )
     net = p.add_argument_group("emulated network")
     net.add_argument("--nodes", type=int, default=2)
     net.add_argument("--ranks-per-node", type=int, default=2)
@@ -78,6 +84,21 @@ def _model_from_args(args) -> tuple[dict, int]:
     return model, micro or 1
 
 
+def _strategy_from_args(args) -> dict | None:
+    """The ``--strategy`` file's fields (a bare strategy object, or a document with a 'strategy' object:
+    a plan or a runtime example)."""
+    from workers.training.config import ConfigError, read_json
+
+    if not args.strategy:
+        return None
+    doc = read_json(args.strategy, "strategy")
+    if isinstance(doc, dict) and isinstance(doc.get("strategy"), dict):
+        doc = doc["strategy"]
+    if not isinstance(doc, dict):
+        raise ConfigError("strategy", f"{args.strategy} must hold a JSON object of strategy fields")
+    return doc
+
+
 def comm_opt_command(args: argparse.Namespace) -> int:
     from workers.training.comm import netem
     from workers.training.comm.compare import compare_methods, format_table
@@ -98,6 +119,21 @@ def comm_opt_command(args: argparse.Namespace) -> int:
             raise ConfigError("--density", f"must be in (0, 1], got {args.density}")
         if args.inter_node_gbit <= 0:
             raise ConfigError("--inter-node-gbit", "must be > 0")
+        strategy = _strategy_from_args(args)
+        if strategy is not None:  # the runtime's own validation of each method's layout: exit 2 on a bad one
+            from workers.training.comm.compare import check_layouts
+
+            check_layouts(
+                model,
+                methods,
+                world_size=args.nodes * args.ranks_per_node,
+                ranks_per_node=args.ranks_per_node,
+                density=args.density,
+                steps=args.steps,
+                micro_batch_size=micro,
+                inter_node_gbit=args.inter_node_gbit,
+                strategy=strategy,
+            )
     except ConfigError as exc:
         print(f"cann-train comm-opt: invalid input: {exc}", file=sys.stderr)
         return 2
@@ -127,6 +163,7 @@ def comm_opt_command(args: argparse.Namespace) -> int:
             lr=args.lr,
             timeout=args.timeout,
             progress=progress,
+            strategy=strategy,
         )
     except ConfigError as exc:
         print(f"cann-train comm-opt: invalid input: {exc}", file=sys.stderr)

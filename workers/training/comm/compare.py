@@ -94,9 +94,17 @@ def read_steps(path: Path, offset: int) -> tuple[list[dict], int]:
     return rows, offset + end
 
 
-def method_hook(method: str, *, ranks_per_node: int, density: float, warmup_steps: int = 0) -> str:
-    """The ``JobConfig.comm_hook`` spec of a comparison method."""
-    topk = f"density={density}" + (f",start_density=0.25,warmup_steps={warmup_steps}" if warmup_steps else "")
+def method_hook(
+    method: str, *, ranks_per_node: int, density: float, warmup_steps: int = 0, fsdp: bool = False
+) -> str:
+    """The ``JobConfig.comm_hook`` spec of a comparison method (``fsdp``: the FSDP2 reduce-scatter form,
+    where DGC's per-parameter clipping has no parameters to clip: the shards are flat)."""
+    # warmup_steps=0 said outright: a comparison measures the method at its density from the first step (a
+    # job's topk_ef otherwise warms up by default over half its steps, which would blur a short run)
+    topk = f"density={density}" + (
+        f",start_density=0.25,warmup_steps={warmup_steps}" if warmup_steps else ",warmup_steps=0"
+    )
+    clip = "" if fsdp else f",clip_norm={TOPK_CLIP_NORM}"
     specs = {
         "dense": "allreduce",
         "fp16": "fp16",
@@ -104,10 +112,13 @@ def method_hook(method: str, *, ranks_per_node: int, density: float, warmup_step
         "powersgd": "powerSGD",
         # DGC's local gradient clipping (Lin et al. 2018, sec. 3.3) at 0.25 per parameter (/ sqrt(W)):
         # measured on comm-tiny, 300 steps, AdamW: +6.4 % -> +1.3 % loss vs dense (docs/comm.md)
-        "topk_ef": f"topk_ef:{topk},clip_norm={TOPK_CLIP_NORM}",
+        "topk_ef": f"topk_ef:{topk}{clip}",
         "sign_ef": "sign_ef",
         "hierarchical": f"hierarchical:ranks_per_node={ranks_per_node}",
         "hierarchical_topk": f"hierarchical:ranks_per_node={ranks_per_node},inter_node=topk,{topk}",
+        # per bucket dense / fp16 / top-k 10-1-0.1 % from what each step measured (comm/adaptive.py); top-k
+        # levels clip like topk_ef
+        "adaptive": f"adaptive:clip_norm={TOPK_CLIP_NORM}",
     }
     if method not in specs:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(specs)}")
@@ -143,16 +154,21 @@ def job_config(
     bucket_cap_mb: float | None = None,
     lr: float | None = None,
     seed: int = 0,
+    strategy: dict | None = None,
 ):
-    """Data-parallel-only ZeRO-0 config over ``world_size`` ranks (DDP, so comm hooks apply). The bucket
-    size is the planner's choice for the emulated link (``inter_node_GBps``) unless given."""
+    """The comparison's job config over ``world_size`` ranks: data parallel only, ZeRO-0 (DDP) by default;
+    with ``strategy`` (any subset of the strategy fields) that layout, ``dp`` following from the world size
+    (:func:`layout_strategy`). The bucket size is the planner's choice for the emulated link
+    (``inter_node_GBps``) unless given. Raises ``ConfigError`` (the runtime's own validation)."""
     from workers.training.config import JobConfig
 
+    layout = layout_strategy(strategy or {}, world_size, micro_batch_size)
+    dp, pp = layout["dp"], layout.get("pp", 1)
     config = {
         "model": model,
-        "strategy": {"dp": world_size, "micro_batch_size": micro_batch_size, "zero_stage": 0},
+        "strategy": layout,
         "training": {
-            "global_batch_size": global_batch_size or world_size * micro_batch_size,
+            "global_batch_size": global_batch_size or dp * micro_batch_size * pp_micro_batches(pp),
             "dtype": "fp32",
             "optimizer": "adamw",
         },
@@ -167,6 +183,103 @@ def job_config(
     if lr is not None:
         config["lr"] = lr
     return JobConfig.from_dict(config)
+
+
+def pp_micro_batches(pp: int) -> int:
+    """Micro-batches per rank per step: 1, or ``2 * pp`` with a pipeline (it needs at least ``pp``; with 2
+    micro-batches per stage, torch 2.13's DDP asserts in its bucket rebuild)."""
+    return 2 * pp if pp > 1 else 1
+
+
+def layout_strategy(strategy: dict, world_size: int, micro_batch_size: int = 1) -> dict:
+    """A full strategy from any subset of its fields (``tp pp cp ep zero_stage sequence_parallel vpp
+    recompute order ...``) over ``world_size`` ranks: ``dp = world_size / (tp * pp * cp)``. A ``dp`` that
+    is given must agree. Raises ``ConfigError`` naming the field."""
+    from workers.training.config import ConfigError
+
+    if not isinstance(strategy, dict):
+        raise ConfigError(
+            "strategy", "must be a JSON object of strategy fields (tp, pp, cp, zero_stage, ...)"
+        )
+    out = dict(strategy)
+    degrees = {}
+    for name in ("tp", "pp", "cp"):
+        value = out.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"strategy.{name}", f"must be an integer >= 1, got {value!r}")
+        degrees[name] = value
+    model_parallel = degrees["tp"] * degrees["pp"] * degrees["cp"]
+    if world_size % model_parallel:
+        raise ConfigError(
+            "strategy",
+            f"tp*pp*cp = {model_parallel} does not divide the {world_size} ranks (nodes x ranks-per-node); "
+            "dp = ranks / (tp*pp*cp) must be whole",
+        )
+    dp = world_size // model_parallel
+    if "dp" in out and out["dp"] != dp:
+        raise ConfigError(
+            "strategy.dp",
+            f"follows from the ranks: {world_size} / (tp*pp*cp = {model_parallel}) = {dp}, got {out['dp']!r}",
+        )
+    out["dp"] = dp
+    out.setdefault("micro_batch_size", micro_batch_size)
+    out.setdefault("zero_stage", 0)
+    return out
+
+
+def method_layout(method: str, strategy: dict) -> tuple[dict, str]:
+    """The strategy ``method`` runs under, and a note when it is not ``strategy`` itself: powerSGD has no
+    FSDP2 reduce-scatter form (``workers.training.comm.fsdp_comm.FSDP_REFUSED``), so under ZeRO-1/2/3 it is
+    refused and its closest alternative runs: powerSGD under ZeRO-0 with the same tp/pp/cp."""
+    from workers.training.comm_methods import FSDP_HOOK_NAMES
+
+    hook = method_hook(method, ranks_per_node=1, density=0.01).partition(":")[0]
+    if strategy.get("zero_stage", 0) and hook not in FSDP_HOOK_NAMES:
+        return {**strategy, "zero_stage": 0}, (
+            f"{method} refused under zero_stage {strategy['zero_stage']}: it all-reduces low-rank factors of "
+            "whole gradient matrices, FSDP2's reduce-scatter sees flat shards; ran its closest alternative, "
+            f"{method} under zero_stage 0 with the same tp/pp/cp"
+        )
+    return strategy, ""
+
+
+def check_layouts(
+    model: dict,
+    methods,
+    *,
+    world_size: int,
+    ranks_per_node: int,
+    density: float,
+    steps: int,
+    micro_batch_size: int,
+    inter_node_gbit: float,
+    strategy: dict | None,
+) -> dict:
+    """The full layout of ``strategy`` over ``world_size`` ranks, after the runtime's own validation of the
+    job config of every method under it (before any network is built). Raises ``ConfigError``."""
+    layout = layout_strategy(strategy or {}, world_size, micro_batch_size)
+    for m in methods:
+        run_layout, _ = method_layout(m, layout)
+        hook = method_hook(
+            m, ranks_per_node=ranks_per_node, density=density, fsdp=bool(run_layout.get("zero_stage"))
+        )
+        job_config(
+            model,
+            world_size=world_size,
+            hook=hook,
+            steps=steps,
+            micro_batch_size=micro_batch_size,
+            inter_node_gbit=inter_node_gbit,
+            strategy=run_layout,
+        )
+    return layout
+
+
+def dp_ranks_per_node(strategy: dict, ranks_per_node: int) -> int:
+    """Ranks of one data-parallel group on one node, under the default order (tp, cp innermost, then dp):
+    the node's ranks divided by the tp*cp block each DP rank takes, at least 1."""
+    block = strategy.get("tp", 1) * strategy.get("cp", 1)
+    return max(1, ranks_per_node // block) if strategy.get("order") is None else 0
 
 
 def run_on_network(
@@ -314,12 +427,18 @@ def compare_methods(
     step_progress: Callable[[dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     net: netem.TwoTierNetwork | None = None,
+    strategy: dict | None = None,
 ) -> Comparison:
     """Train ``model`` under each method on an emulated ``nodes`` x ``ranks_per_node`` network (or the
     given ``net``) and collect rank 0's figures. ``progress(method, row)`` is called after each method;
     ``step_progress(state)`` when a method starts (step 0) and after each of its steps, with
     ``{method, index, methods, step, steps, step_time_s, elapsed_s, eta_s}`` (:class:`Eta`);
-    ``should_stop()`` cancels (:class:`ComparisonCancelled`, with the methods done so far)."""
+    ``should_stop()`` cancels (:class:`ComparisonCancelled`, with the methods done so far).
+
+    ``strategy``: any subset of the strategy fields (tp, pp, cp, ep, zero_stage, ...); ``dp`` follows from
+    ``nodes * ranks_per_node`` (:func:`layout_strategy`). Every method runs under it: DDP hooks on the DP
+    sub-group (ZeRO-0, tp = 1), the hook on local gradients (ZeRO-0, tp > 1), FSDP2's reduce-scatter
+    (ZeRO-1/2/3; powerSGD there is refused and runs under ZeRO-0, :func:`method_layout`)."""
     from workers.training.config import parse_model
     from workers.training.model import num_params
 
@@ -327,6 +446,17 @@ def compare_methods(
         method_hook(m, ranks_per_node=ranks_per_node, density=density)  # fail fast on a bad name
     params = num_params(parse_model(model), active=False)
     world = nodes * ranks_per_node
+    layout = check_layouts(
+        model,
+        methods,
+        world_size=world,
+        ranks_per_node=ranks_per_node,
+        density=density,
+        steps=steps,
+        micro_batch_size=micro_batch_size,
+        inter_node_gbit=inter_node_gbit,
+        strategy=strategy,
+    )
     own = net is None
     net = net or netem.TwoTierNetwork(nodes=nodes, inter_node_gbit=inter_node_gbit)
     if own:
@@ -354,13 +484,26 @@ def compare_methods(
                 "density": density,
                 "micro_batch_size": micro_batch_size,
                 "world_size": world,
+                "strategy": layout,
             },
         )
+        per_node = dp_ranks_per_node(layout, ranks_per_node)
+        if per_node == 1 and nodes > 1 and any(m.startswith("hierarchical") for m in methods):
+            result.setup["hierarchical_note"] = (
+                f"each data-parallel group has one rank per node (tp*cp = {layout.get('tp', 1) * layout.get('cp', 1)} "
+                f"of the {ranks_per_node} ranks of a node): hierarchical has no intra-node stage here, it is the "
+                "plain inter-node all-reduce / reduce-scatter of the data-parallel group"
+            )
         for method in methods:
             if should_stop is not None and should_stop():
                 raise ComparisonCancelled()
+            run_layout, note = method_layout(method, layout)
             hook = method_hook(
-                method, ranks_per_node=ranks_per_node, density=density, warmup_steps=warmup_steps
+                method,
+                ranks_per_node=ranks_per_node,
+                density=density,
+                warmup_steps=warmup_steps,
+                fsdp=bool(run_layout.get("zero_stage")),
             )
             cfg = job_config(
                 model,
@@ -371,6 +514,7 @@ def compare_methods(
                 inter_node_gbit=net.inter_node_gbit,
                 bucket_cap_mb=bucket_cap_mb,
                 lr=lr,
+                strategy=run_layout,
             )
             eta.start(method)
             if step_progress is not None:
@@ -387,6 +531,9 @@ def compare_methods(
             )
             row = method_row(summary)
             row["wall_s"] = round(time.monotonic() - t0, 1)
+            row["zero_stage"] = run_layout.get("zero_stage", 0)
+            if note:
+                row["note"] = note
             eta.finish(row)
             result.methods[method] = row
             if progress is not None:
@@ -530,6 +677,17 @@ def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.2f} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.1f} kB"
 
 
+def _layout_text(strategy: dict) -> str:
+    degrees = " x ".join(
+        f"{k}{strategy[k]}" for k in ("tp", "pp", "cp", "ep", "dp") if strategy.get(k, 1) > 1 or k == "dp"
+    )
+    zero = strategy.get("zero_stage", 0)
+    how = "DDP" if not zero else f"ZeRO-{zero} (FSDP2 reduce-scatter)"
+    if not zero and strategy.get("tp", 1) > 1:
+        how = "ZeRO-0, hook on the local gradients after backward"
+    return f"{degrees}, {how}"
+
+
 def format_table(c: Comparison) -> str:
     net, model, setup = c.network, c.model, c.setup
     goodput = (
@@ -544,6 +702,8 @@ def format_table(c: Comparison) -> str:
         f"network: {net['inter_node_gbit']:g} Gbit/s per node uplink ({net['qdisc']}{goodput}); "
         f"latency emulated: {'yes' if net['latency_emulated'] else 'no'}"
         + (f" -- {net['note']}" if net["note"] else ""),
+        f"layout: {_layout_text(setup.get('strategy') or {'dp': setup['world_size']})}"
+        + (f" -- {setup['hierarchical_note']}" if setup.get("hierarchical_note") else ""),
         "",
         f"{'method':<18} {'bytes/rank/step':>15} {'vs dense':>9} {'comm exposed/total s':>21} "
         f"{'step s':>7} {'speed-up':>8} {'tokens/s':>9} {'loss*':>7} {'vs dense':>9}",
@@ -556,6 +716,9 @@ def format_table(c: Comparison) -> str:
             f"{r['step_time_s']:>7.3f} {r.get('speedup_vs_dense', float('nan')):>7.2f}x "
             f"{r['tokens_per_s']:>9.0f} {r['loss_avg_last10']:>7.4f} {r.get('loss_rel_diff_vs_dense', float('nan')):>+9.2%}"
         )
+    for name, r in c.methods.items():
+        if r.get("note"):
+            lines.append(f"{name}: {r['note']}")
     lines.append(
         "bytes: gradient payload rank 0 put into collectives in the last step (indices+values+scales); "
         "comm: sum over buckets of hook->done (total) and the part not hidden under backward (exposed); "

@@ -61,6 +61,52 @@ def node_rank_lists(ranks_per_node: int, ranks: list[int]) -> tuple[list[list[in
     return nodes, [ranks[j::ranks_per_node] for j in range(ranks_per_node)]
 
 
+def spans_world(process_group: dist.ProcessGroup | None) -> bool:
+    """Whether ``process_group`` (``None``: the default group) holds every rank of the world."""
+    return process_group is None or dist.get_world_size(process_group) == dist.get_world_size()
+
+
+def every_group_rank_lists(process_group: dist.ProcessGroup) -> list[list[int]]:
+    """The global ranks of every rank's ``process_group``, each group once, in one order on every rank
+    (sorted by its lowest rank). Collective over the world: the data-parallel groups of a tp/pp/cp mesh
+    are its sub-groups, and ``new_group`` must see every rank create every group in the same order."""
+    lists: list = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, dist.get_process_group_ranks(process_group))
+    return sorted({tuple(members) for members in lists}, key=lambda members: min(members))
+
+
+def split_by_node(members: list[int], ranks_per_node: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(members on each node, members of each inter-node group) of one group given by its global ranks
+    (group-rank order). The ranks of one node are consecutive global ranks, ``ranks_per_node`` of them
+    (torchrun's ``LOCAL_WORLD_SIZE``): node of rank g = g // ranks_per_node. Inter-node group j holds the
+    j-th member of every node. Every node must hold the same number of members."""
+    if ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node}")
+    by_node: dict[int, list[int]] = {}
+    for g in members:
+        by_node.setdefault(g // ranks_per_node, []).append(g)
+    nodes = [by_node[n] for n in sorted(by_node)]
+    if len({len(n) for n in nodes}) != 1:
+        raise ValueError(
+            f"group {members} holds {[len(n) for n in nodes]} ranks on its nodes (of {ranks_per_node} "
+            "ranks each): a hierarchical reduction needs the same number on every node"
+        )
+    return nodes, [[node[j] for node in nodes] for j in range(len(nodes[0]))]
+
+
+def subgroup_node_lists(
+    process_group: dist.ProcessGroup, ranks_per_node: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Intra-node and inter-node rank lists of *every* group like ``process_group`` in the world (each
+    rank contributes its own), in one order on all ranks, for :func:`_my_group`. Collective."""
+    intra_all, inter_all = [], []
+    for members in every_group_rank_lists(process_group):
+        nodes, inter = split_by_node(list(members), ranks_per_node)
+        intra_all += nodes
+        inter_all += inter
+    return intra_all, inter_all
+
+
 def node_groups(
     ranks_per_node: int, process_group: dist.ProcessGroup | None = None
 ) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
@@ -279,6 +325,10 @@ class HierarchicalState:
         if mesh is not None:
             self.intra_group, self.inter_group = mesh_groups(mesh, intra_dim, inter_dim)
             node_lists = mesh_intra_rank_lists(mesh, intra_dim)
+        elif ranks_per_node is not None and not spans_world(process_group):
+            # a data-parallel sub-group of a tp/pp/cp mesh: ranks_per_node counts the node's global ranks
+            node_lists, inter_lists = subgroup_node_lists(process_group, int(ranks_per_node))
+            self.intra_group, self.inter_group = _my_group(node_lists), _my_group(inter_lists)
         elif ranks_per_node is not None:
             ranks = (
                 dist.get_process_group_ranks(process_group)
@@ -302,6 +352,15 @@ class HierarchicalState:
             else:
                 self.shm = SharedMemoryIntraNode(self.intra_group, self.gather_group, tag)
         self.sparse = SparseInterNode(**sparse_opts) if mode == "topk" else None
+        self.ranks_per_node_in_group = dist.get_world_size(self.intra_group)
+        self.nodes_in_group = dist.get_world_size(self.inter_group)
+        self.degenerate = self.ranks_per_node_in_group == 1
+        if self.degenerate and dist.get_rank() == 0:
+            log.warning(
+                "hierarchical: the data-parallel group has one rank per node (%d nodes): no intra-node "
+                "stage, this is a plain inter-node all-reduce of the whole bucket",
+                self.nodes_in_group,
+            )
         self.step = 0
         self.stats = CommStats()
         self._stages = [SerialCommWorker(f"hierarchical-{name}") for name in ("rs", "inter", "ag")]
@@ -398,7 +457,7 @@ def hierarchical_hook(state: HierarchicalState, bucket):
     shard_len = math.ceil(n / local)
     dense_shard_bytes = 4 * shard_len
     inter_stage = None
-    inter_bytes = dense_shard_bytes
+    inter_bytes = dense_shard_bytes if nodes > 1 else 0  # a group on one node: nothing crosses nodes
     inter_wire = ring_all_reduce_wire_bytes(dense_shard_bytes, nodes)
     sparse = state.sparse
     if sparse is not None:

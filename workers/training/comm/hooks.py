@@ -11,6 +11,8 @@
 ``sign_ef``    scaled sign + error feedback: ``chunk``
 ``hierarchical`` intra-node reduce-scatter / inter-node all-reduce / intra-node all-gather:
                ``ranks_per_node`` (or a 2-D mesh), ``inter_node`` (dense|topk) + the top-k options
+``adaptive``   per bucket dense / fp16 / top-k at a density of ``ladder``, chosen each step from the
+               measured link throughput, exposed comm and residual norm (:mod:`.adaptive`)
 =============  ==================================================================================
 
 Every state has ``comm_stats()`` (per-step ``comm_s_total``, ``comm_s_exposed``, ``bytes_sent``,
@@ -24,7 +26,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from workers.training.comm import compression, hierarchical, torch_hooks
+from workers.training.comm import adaptive, compression, hierarchical, torch_hooks
 from workers.training.comm.bucketing import choose_bucket_cap_mb
 
 
@@ -34,6 +36,10 @@ def _topk_ef(process_group, options=None, mesh=None):
 
 def _sign_ef(process_group, options=None, mesh=None):
     return compression.SignState(process_group, options), compression.sign_ef_hook
+
+
+def _adaptive(process_group, options=None, mesh=None):
+    return adaptive.AdaptiveState(process_group, options), adaptive.adaptive_hook
 
 
 def _hierarchical(process_group, options=None, mesh=None):
@@ -55,6 +61,7 @@ HOOKS: dict[str, Callable] = {
     "topk_ef": _topk_ef,
     "sign_ef": _sign_ef,
     "hierarchical": _hierarchical,
+    "adaptive": _adaptive,
 }
 
 

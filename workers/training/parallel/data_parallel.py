@@ -66,29 +66,67 @@ def resolve_bucket_cap_mb(cfg: JobConfig) -> float | None:
     )
 
 
+def _hook_spec(spec: str, process_group: dist.ProcessGroup) -> tuple[str, dict]:
+    """``(name, options)`` of a comm-hook spec, with ``hierarchical``'s node layout filled in: torchrun's
+    ``LOCAL_WORLD_SIZE`` ranks per node (the ranks of one node are consecutive global ranks), else one
+    node holding the whole world."""
+    from workers.training.comm import parse_hook_spec
+
+    name, options = parse_hook_spec(spec)
+    if name == "hierarchical" and "ranks_per_node" not in options:
+        options["ranks_per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    return name, options
+
+
 def register_ddp_comm_hook(ddp: DistributedDataParallel, spec: str):
     """Register the DDP communication hook ``spec`` (``"topk_ef:density=0.01"``, see
     ``workers.training.comm``) on ``ddp``, over ``ddp.process_group`` -- the data-parallel group, not the
     world -- and return its state (per-step ``comm_stats()``, checkpointable ``state_dict()``).
 
-    ``hierarchical`` needs the node layout: ``ranks_per_node`` in the spec, else torchrun's
-    ``LOCAL_WORLD_SIZE`` (the ranks of one node are consecutive in the data-parallel group when tp = pp
-    = 1, which is the only layout it accepts here)."""
+    The data-parallel group may be a sub-group of the mesh (pp, cp, ep > 1): every hook reduces over it;
+    ``hierarchical`` derives its intra-/inter-node groups from the group's global ranks and the ranks per
+    node (``ranks_per_node`` in the spec, else ``LOCAL_WORLD_SIZE``); with one DP rank per node it is a
+    plain inter-node all-reduce (it logs so)."""
     try:
         comm = importlib.import_module("workers.training.comm")
     except ModuleNotFoundError as exc:
         raise ValueError(f"comm_hook {spec!r} requested but workers.training.comm is not available") from exc
-    name, options = comm.parse_hook_spec(spec)
-    if name == "hierarchical":
-        group_size = dist.get_world_size(ddp.process_group)
-        if group_size != dist.get_world_size():
-            raise ValueError(
-                "comm_hook hierarchical: the data-parallel group must span the world (tp = pp = 1), "
-                f"got dp={group_size} of {dist.get_world_size()} ranks"
-            )
-        if "ranks_per_node" not in options:
-            options["ranks_per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", group_size))
+    name, options = _hook_spec(spec, ddp.process_group)
     return comm.register_comm_hook(ddp, name, options)
+
+
+def apply_local_reducer(
+    part: nn.Module,
+    dp_group: dist.ProcessGroup,
+    ignored: set[nn.Parameter],
+    comm_hook: str,
+    bucket_cap_mb: float | None = None,
+):
+    """ZeRO-0 under tensor parallelism with a comm hook: torch's ``replicate`` all-reduces with no hook, so
+    a :class:`~workers.training.comm.fsdp_comm.LocalGradReducer` runs the DDP hook ``comm_hook`` on the
+    parameters' local gradients over ``dp_group`` after backward (``ParallelModel.finish_grads``). Returns
+    (reducer, hook state)."""
+    from workers.training.comm import build_hook, compression
+    from workers.training.comm.fsdp_comm import LocalGradReducer
+
+    name, options = _hook_spec(comm_hook, dp_group)
+    state, hook = build_hook(name, dp_group, options)
+    for store in (getattr(state, "residuals", None), getattr(state, "momentum_buffers", None)):
+        if isinstance(store, compression.ResidualStore):
+            store.bind_parameter_names(part)
+    params = [p for p in part.parameters() if p.requires_grad and p not in ignored]
+    return LocalGradReducer(part, params, state, hook, bucket_cap_mb), state
+
+
+def attach_fsdp_comm_hook(part: Transformer, dp_group: dist.ProcessGroup, comm_hook: str):
+    """ZeRO-1/2/3: FSDP2's gradient reduce-scatter of every ``fully_shard`` module of ``part`` (its blocks
+    and the root; not a nested expert module) through the method ``comm_hook`` over ``dp_group``
+    (``FSDPModule.set_custom_reduce_scatter``; :mod:`workers.training.comm.fsdp_comm` says what torch allows
+    and what is refused). Returns the state (``comm_stats()``, ``state_dict()``)."""
+    from workers.training.comm.fsdp_comm import attach_fsdp_comm
+
+    name, options = _hook_spec(comm_hook, dp_group)
+    return attach_fsdp_comm([*part.layers.values(), part], name, options, dp_group)
 
 
 def apply_ddp(
@@ -113,6 +151,21 @@ def apply_ddp(
     )
     state = register_ddp_comm_hook(ddp, comm_hook) if comm_hook else None
     return ddp, state
+
+
+def apply_priority_sync(part: nn.Module, dp_group: dist.ProcessGroup, cfg: JobConfig):
+    """``comm_order`` priority|magnitude in place of DDP: partitions of the job's bucket size, sent in that
+    order, each stage updated in its next forward (``workers.training.comm.priority``); returns the state
+    (``comm_stats()``; the trainer binds its optimizer to it)."""
+    from workers.training.comm.priority import PriorityGradSync, partition_mb_for
+
+    return PriorityGradSync(
+        part,
+        dp_group,
+        order=cfg.comm_order,
+        partition_mb=partition_mb_for(resolve_bucket_cap_mb(cfg)),
+        accumulation=cfg.num_microbatches,
+    )
 
 
 def apply_replicate(part: Transformer, dp_mesh: DeviceMesh, ignored: set[nn.Parameter]) -> None:

@@ -1,0 +1,574 @@
+"""``adaptive``: per bucket, dense / fp16 / top-k + error feedback at a density from a ladder, chosen
+every step from what the previous step measured (issue 17).
+
+Levels, densest first: ``dense`` (fp32 all-reduce, what plain DDP sends), ``fp16`` (fp16 all-reduce),
+then ``topk@d`` for each density ``d`` of the ladder (default 10 %, 1 %, 0.1 %: DGC's range, Lin et al.
+2018). Leaving a top-k level for a dense one flushes the bucket's error-feedback residual into the next
+exchange, so nothing a bucket withheld is lost.
+
+What it measures, per step and bucket (:class:`_StepRecord`): when each bucket's hook was entered and
+left (its synchronous codec time on the autograd thread) and when its collective finished, the bytes it
+put on the wire, and at top-k levels the gradient's and the residual's norms. From those:
+
+- **achieved link throughput**: wire bytes / transfer seconds of the dense/fp16 all-reduces (large
+  messages: bandwidth-bound), a bucket's transfer starting when it is launched *and* the previous
+  bucket's is done (one link, in bucket order, as gloo issues them); and per collective family the fixed
+  cost of a bucket's transfer beyond bytes / link (latency, waiting for the slowest rank) -- small top-k
+  messages are dominated by it;
+- **exposed communication**: per bucket the part of its collective after backward ended plus its codec
+  time, and the step's total (``stats``' ``comm_s_exposed``) against the step's compute time (the period
+  between two steps' first buckets, minus the exposed time);
+- **error-feedback residual norm** relative to the gradient norm (sqrt of the sums over ranks).
+
+How it decides (:meth:`AdaptiveState.decide`, at the first bucket of each step). A cost model replays the
+last step's backward with other levels: each bucket's hook enters after the compute gap it had, costs
+``elements x codec seconds per element`` of the level's family (measured; until measured, the constant
+below), then its transfer queues on the link (the family's fixed cost + bytes at the measured rate).
+The predicted step cost of an assignment is the hook time on the autograd thread plus the transfer time left after backward. Buckets
+are visited largest first (twice); each takes the level of least predicted cost, preferring the densest
+level within ``tolerance`` of that least cost. Rules, with hysteresis (a switch needs a margin, and moves
+to sparser and to denser levels have different gates, so a bucket does not flap):
+
+1. *back off*: a top-k bucket whose residual norm exceeds ``residual_bound`` x its gradient norm goes one
+   level denser at once, and may not return to the level it left for ``cooldown`` steps (doubled at each
+   repeat);
+2. *sparser* only while the step's exposed communication is over ``exposed_high`` of its compute time,
+   the predicted saving is over ``margin`` of the step time, and (at a top-k level) the residual is
+   under half the bound;
+3. *denser* when the model predicts it costs no more than ``tolerance`` of the step time more (a fast
+   link hides it);
+4. no bucket switches again within ``dwell`` steps of its last switch (rule 1 excepted);
+5. no bucket returns within ``revisit`` steps to a level it left (rule 1 excepted): the estimates move
+   from step to step, and without this a bucket measured here flipped fp16 -> top-k -> fp16 in 4 steps.
+
+No decision is taken from the first step a state measures (after a start or a resume): DDP's first
+iteration re-buckets and grows its allocations, and its timings mislead (at 10 Gbit/s it sent the
+controller to top-k for two steps; the runtime's step-time summary skips that step for the same reason).
+
+Every rank decides from the same numbers: the measurements are summed over the data-parallel group by one
+all-reduce of ``8 x buckets + 2`` float64 values at the first bucket of each step (every collective of the
+previous step has completed by then; the time it takes is counted as that bucket's hook time), and the
+decision is a pure function of them (``test_comm_adaptive`` checks that every rank logs the same
+switches). Each switch is recorded in :attr:`AdaptiveState.switches` with its step, bucket, levels and
+reason; the runtime publishes each as a ``comm_switch`` event (:meth:`AdaptiveState.take_switches`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+import native_ops
+from workers.training.comm.compression import (
+    VALUE_DTYPES,
+    CompressionState,
+    ResidualStore,
+    _bool,
+    _check_bucket,
+    density_of,
+    parameter_segments,
+    topk_exchange,
+)
+from workers.training.comm.stats import all_gather_wire_bytes, ring_all_reduce_wire_bytes
+
+# Top-k compression cost per element before the first top-k step measures it: 65-80 ms for 20.7M
+# elements in 57 tensors, one uncontended thread (docs/comm.md, "Where top-k's step time goes") ~ 3.5 ns.
+TOPK_CODEC_S_PER_ELEMENT = 3.5e-9
+# fp16 cast + copy back before it is measured: two passes over fp32 memory, ~2 x 0.4 ns/element at the
+# ~10 GB/s one core streams (order of magnitude; replaced by the measurement after one fp16 step).
+FP16_CODEC_S_PER_ELEMENT = 1e-9
+DEFAULT_LADDER = (0.1, 0.01, 0.001)
+# weight of the newest step in the running estimates of throughput and codec cost
+EMA = 0.5
+
+
+def _family(level: str) -> str:
+    return "allgather" if level.startswith("topk") else "allreduce"
+
+
+def _kind(level: str) -> str:
+    return "topk" if level.startswith("topk") else level
+
+
+def _density(level: str) -> float:
+    return float(level.split("@", 1)[1]) if level.startswith("topk@") else 1.0
+
+
+def _ladder(value) -> tuple[float, ...]:
+    if isinstance(value, int | float):
+        parts = [float(value)]
+    else:
+        parts = [float(x) for x in str(value).replace("/", " ").split()]
+    if not parts or any(not 0.0 < d < 1.0 for d in parts):
+        raise ValueError(
+            f"adaptive: ladder must be densities in (0, 1) separated by '/' (e.g. 0.1/0.01/0.001), got {value!r}"
+        )
+    return tuple(sorted(set(parts), reverse=True))
+
+
+@dataclass
+class _BucketRecord:
+    index: int
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]  # elements of each parameter segment (one segment: a non-standard layout)
+    level: str
+    t_enter: float = 0.0
+    control_s: float = 0.0  # the decision's all-reduce (bucket 0), not the level's codec
+    t_launched: float = 0.0
+    t_done: float = 0.0
+    wire_bytes: int = 0
+    grad_sq: float = 0.0
+    residual_sq: float = 0.0
+
+    @property
+    def elements(self) -> int:
+        return sum(self.sizes)
+
+
+@dataclass
+class _StepRecord:
+    t_first: float
+    buckets: list[_BucketRecord] = field(default_factory=list)
+    t_enter_last: float | None = None
+    exposed_s: float | None = None  # stats' comm_s_exposed of the step, read at the next step's start
+
+
+@dataclass
+class _Measured:
+    """One step's measurements, averaged over the ranks (times, bytes) or summed (squared norms)."""
+
+    period_s: float
+    exposed_s: float
+    enter_s: list[float]  # each bucket's hook entry, from the first bucket's
+    sync_s: list[float]  # each bucket's codec + launch time on the autograd thread
+    transfer_s: list[float]
+    exposed_b: list[float]
+    wire: list[float]
+    grad_sq: list[float]
+    residual_sq: list[float]
+
+    def residual_ratio(self, i: int) -> float:
+        return math.sqrt(self.residual_sq[i] / self.grad_sq[i]) if self.grad_sq[i] > 0 else 0.0
+
+
+class AdaptiveState(CompressionState):
+    """State of ``adaptive``. Options: ``ladder`` (top-k densities, '/'-separated, default
+    ``0.1/0.01/0.001``), ``levels`` (families it may use, a '/'-separated subset of ``dense/fp16/topk``;
+    default all), ``start`` (initial level, default the densest), ``residual_bound`` (back off a top-k
+    bucket whose residual norm exceeds this many gradient norms; default 2), ``exposed_high`` (go sparser
+    only while exposed comm is over this share of compute; 0.05), ``margin`` (a sparser switch must save
+    this share of the step time; 0.05), ``tolerance`` (a denser level may cost this share more; 0.02),
+    ``dwell`` (steps between two switches of a bucket; 2), ``revisit`` (steps before a bucket may return
+    to a level it left; 20), ``cooldown`` (steps before a backed-off level
+    is retried, doubled at each repeat; 50), and the top-k options ``value_dtype``, ``clip_norm``,
+    ``momentum``, ``momentum_masking`` (DGC's local steps, at top-k levels only)."""
+
+    def __init__(self, process_group, options: dict | None = None) -> None:
+        super().__init__(process_group)
+        opts = dict(options or {})
+        ladder = _ladder(opts.pop("ladder", "/".join(str(d) for d in DEFAULT_LADDER)))
+        families = str(opts.pop("levels", "dense/fp16/topk")).replace("/", " ").split()
+        if not families or set(families) - {"dense", "fp16", "topk"}:
+            raise ValueError(
+                f"adaptive: levels must be a '/'-separated subset of dense/fp16/topk, got {families}"
+            )
+        self.levels: list[str] = [f for f in ("dense", "fp16") if f in families]
+        if "topk" in families:
+            self.levels += [f"topk@{d:g}" for d in ladder]
+        self.start = str(opts.pop("start", self.levels[0]))
+        if self.start not in self.levels:
+            raise ValueError(f"adaptive: start must be one of {self.levels}, got {self.start!r}")
+        # comm-tiny, 300 steps, 1 Gbit/s, AdamW (bench/comm.py part 3): with a bound of 8 it went to top-k
+        # 1 % then 0.1 % for the last 200 steps, +2.5 % loss vs dense; with 2 it kept fp16, -0.2 %
+        self.residual_bound = float(opts.pop("residual_bound", 2.0))
+        self.exposed_high = float(opts.pop("exposed_high", 0.05))
+        self.margin = float(opts.pop("margin", 0.05))
+        self.tolerance = float(opts.pop("tolerance", 0.02))
+        self.dwell = int(opts.pop("dwell", 2))
+        self.revisit = int(opts.pop("revisit", 20))
+        self.cooldown = int(opts.pop("cooldown", 50))
+        self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
+        self.clip_norm = float(opts.pop("clip_norm", 0.0))
+        self.momentum = float(opts.pop("momentum", 0.0))
+        self.momentum_masking = _bool(opts.pop("momentum_masking", True))
+        if opts:
+            raise ValueError(f"adaptive: unknown options {sorted(opts)}")
+        if self.residual_bound <= 0 or min(self.exposed_high, self.margin, self.tolerance) < 0:
+            raise ValueError("adaptive: residual_bound must be > 0; exposed_high, margin, tolerance >= 0")
+        if self.dwell < 1 or self.cooldown < 0 or self.revisit < 0:
+            raise ValueError("adaptive: dwell must be >= 1, cooldown and revisit >= 0")
+        if not 0.0 <= self.momentum < 1.0 or self.clip_norm < 0:
+            raise ValueError("adaptive: momentum must be in [0, 1) and clip_norm >= 0")
+        self.momentum_buffers = ResidualStore() if self.momentum > 0 else None
+        self.level_of: dict[str, str] = {}  # parameter name -> level (names survive DDP's re-bucketing)
+        # per parameter name too: the step of its bucket's last switch, the sparsest level it may not reach
+        # again (the level a residual back-off left) and until which step, and how many back-offs it had
+        self.last_switch: dict[str, int] = {}
+        self.banned: dict[str, tuple[int, int]] = {}
+        self.backoffs: dict[str, int] = {}
+        self.left: dict[str, tuple[int, int]] = {}  # parameter name -> (level index it left, at step)
+        self._steps_seen = 0  # steps measured since this state was built or loaded
+        self.switches: list[dict] = []
+        self._published = 0
+        self.throughput: dict[str, float] = {}  # "link": achieved wire bytes/s (running estimate)
+        self.overhead_s: dict[str, float] = {}  # collective family -> fixed seconds per bucket transfer
+        self.codec_s: dict[str, float] = {
+            "dense": 0.0,
+            "fp16": FP16_CODEC_S_PER_ELEMENT,
+            "topk": TOPK_CODEC_S_PER_ELEMENT,
+        }
+        self.codec_measured: set[str] = set()
+        self.last_decision: dict = {}
+        self._current: _StepRecord | None = None
+        self._previous: _StepRecord | None = None
+
+    # ------------------------------------------------------------------------------------ bookkeeping
+
+    def level_for(self, names: tuple[str, ...]) -> str:
+        """A bucket's level: its parameters' (all the same unless DDP re-bucketed; then the densest)."""
+        found = [self.levels.index(self.level_of[n]) for n in names if n in self.level_of]
+        return self.levels[min(found)] if found else self.start
+
+    def wire_bytes(self, sizes: tuple[int, ...], level: str) -> int:
+        """Bytes this rank sends for a bucket of parameter ``sizes`` at ``level`` (ring all-reduce of
+        fp32/fp16 values, or the all-gather of the per-parameter top-k message)."""
+        n, w = sum(sizes), self.world_size
+        if level == "dense":
+            return ring_all_reduce_wire_bytes(4 * n, w)
+        if level == "fp16":
+            return ring_all_reduce_wire_bytes(2 * n, w)
+        entry = 4 + torch.finfo(self.value_dtype).bits // 8
+        k = sum(native_ops.k_for_density(size, _density(level)) for size in sizes)
+        return all_gather_wire_bytes(k * entry, w)
+
+    def comm_stats(self) -> dict[str, float]:
+        out = super().comm_stats()
+        out["density"] = density_of(out)
+        out["switches_total"] = len(self.switches)
+        return out
+
+    def take_switches(self) -> list[dict]:
+        """Switches recorded since the last call (the runtime publishes each as a ``comm_switch`` event)."""
+        new = self.switches[self._published :]
+        self._published = len(self.switches)
+        return new
+
+    def state_dict(self) -> dict:
+        return {
+            **super().state_dict(),
+            "adaptive": {
+                "levels": list(self.levels),
+                "level_of": dict(self.level_of),
+                "last_switch": dict(self.last_switch),
+                "banned": {k: list(v) for k, v in self.banned.items()},
+                "backoffs": dict(self.backoffs),
+                "left": {k: list(v) for k, v in self.left.items()},
+                "switches": [dict(s) for s in self.switches],
+                "throughput": dict(self.throughput),
+                "overhead_s": dict(self.overhead_s),
+                "codec_s": dict(self.codec_s),
+                "codec_measured": sorted(self.codec_measured),
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        a = state.get("adaptive", {})
+        unknown = {lvl for lvl in a.get("level_of", {}).values() if lvl not in self.levels}
+        if unknown:
+            raise ValueError(
+                f"adaptive: the checkpoint uses levels {sorted(unknown)} that this job's options do not offer "
+                f"({', '.join(self.levels)}); resume with the same ladder and levels"
+            )
+        super().load_state_dict(state)
+        self.level_of = dict(a.get("level_of", {}))
+        self.last_switch = {k: int(v) for k, v in a.get("last_switch", {}).items()}
+        self.banned = {k: (int(v[0]), int(v[1])) for k, v in a.get("banned", {}).items()}
+        self.backoffs = {k: int(v) for k, v in a.get("backoffs", {}).items()}
+        self.switches = [dict(s) for s in a.get("switches", [])]
+        self._published = len(self.switches)  # the run that recorded them published them
+        self.throughput = {k: float(v) for k, v in a.get("throughput", {}).items()}
+        self.overhead_s = {k: float(v) for k, v in a.get("overhead_s", {}).items()}
+        self.codec_s.update({k: float(v) for k, v in a.get("codec_s", {}).items()})
+        self.codec_measured = set(a.get("codec_measured", []))
+        self.left = {k: (int(v[0]), int(v[1])) for k, v in a.get("left", {}).items()}
+        self._current = self._previous = None
+        self._steps_seen = 0
+
+    # ---------------------------------------------------------------------------------- measurement
+
+    def _measure(self) -> _Measured | None:
+        """The previous step's figures, summed over the group by one all-reduce (identical on all ranks)."""
+        prev, cur = self._previous, self._current
+        if prev is None or not prev.buckets or prev.t_enter_last is None or prev.exposed_s is None:
+            return None
+        rows, link_free = [], 0.0
+        for b in prev.buckets:
+            start = max(b.t_launched, link_free)
+            link_free = max(link_free, b.t_done)
+            sync = b.t_launched - b.t_enter - b.control_s
+            exposed = max(0.0, b.t_done - prev.t_enter_last) + (0.0 if b is prev.buckets[-1] else sync)
+            level = float(self.levels.index(b.level))
+            rows.append(
+                [b.t_enter - prev.t_first, sync, max(0.0, b.t_done - start), exposed, float(b.wire_bytes)]
+                + [b.grad_sq, b.residual_sq, level]
+            )
+        flat = torch.tensor(
+            [v for row in rows for v in row] + [cur.t_first - prev.t_first, prev.exposed_s],
+            dtype=torch.float64,
+        )
+        if self.world_size > 1:
+            dist.all_reduce(flat, group=self.process_group)
+        w = self.world_size
+        per = flat[:-2].view(len(rows), 8).tolist()
+        if [round(r[7] / w) for r in per] != [self.levels.index(b.level) for b in prev.buckets]:
+            raise RuntimeError("adaptive: ranks ran different levels in the last step (decisions diverged)")
+        return _Measured(
+            period_s=float(flat[-2]) / w,
+            exposed_s=float(flat[-1]) / w,
+            enter_s=[r[0] / w for r in per],
+            sync_s=[r[1] / w for r in per],
+            transfer_s=[r[2] / w for r in per],
+            exposed_b=[r[3] / w for r in per],
+            wire=[r[4] / w for r in per],
+            grad_sq=[r[5] for r in per],
+            residual_sq=[r[6] for r in per],
+        )
+
+    def _learn(self, m: _Measured, buckets: list[_BucketRecord]) -> None:
+        """Running estimates of the link (bytes/s, from the large dense/fp16 all-reduces when there are
+        any: bandwidth-bound), each collective family's fixed cost per bucket (what its transfers took
+        beyond bytes / link: latency, waiting for the slowest rank) and each codec's seconds per element."""
+
+        def ema(old, new):
+            return new if old is None else (1 - EMA) * old + EMA * new
+
+        rows = list(zip(buckets, m.transfer_s, m.wire, m.sync_s, strict=True))
+        for family in ("allreduce", "allgather"):
+            mine = [(w, t) for b, t, w, _ in rows if _family(b.level) == family and t > 0]
+            wire, secs = sum(w for w, _ in mine), sum(t for _, t in mine)
+            if wire > 0 and secs > 0 and (family == "allreduce" or "link" not in self.throughput):
+                self.throughput["link"] = ema(self.throughput.get("link"), wire / secs)
+        link = self.throughput.get("link")
+        for family in ("allreduce", "allgather"):
+            extra = (
+                [max(0.0, t - w / link) for b, t, w, _ in rows if _family(b.level) == family] if link else []
+            )
+            if extra:
+                self.overhead_s[family] = ema(self.overhead_s.get(family), sum(extra) / len(extra))
+        by_kind: dict[str, list[float]] = {}
+        for b, _, _, sync in rows:
+            k = by_kind.setdefault(_kind(b.level), [0.0, 0.0])
+            k[0], k[1] = k[0] + max(0.0, sync), k[1] + b.elements
+        for kind, (secs, elements) in by_kind.items():
+            if elements > 0:
+                measured = kind in self.codec_measured
+                self.codec_s[kind] = ema(self.codec_s[kind] if measured else None, secs / elements)
+                self.codec_measured.add(kind)
+
+    # --------------------------------------------------------------------------------------- model
+
+    def predict(self, m: _Measured, buckets: list[_BucketRecord], levels: list[str]) -> float:
+        """Predicted seconds a step spends on communication under ``levels`` (one per bucket): hook time
+        on the autograd thread plus the transfer left after backward, replaying the last step's compute
+        gaps between buckets; each transfer queues on one link: its family's fixed cost plus wire bytes at
+        the measured link rate."""
+        cursor = link_free = hooks = 0.0
+        for i, (b, level) in enumerate(zip(buckets, levels, strict=True)):
+            gap = max(0.0, m.enter_s[i] - m.enter_s[i - 1] - m.sync_s[i - 1]) if i else 0.0
+            codec = self.codec_s[_kind(level)] * b.elements
+            cursor += gap + codec
+            hooks += codec
+            link = self.throughput.get("link")
+            wire_s = self.wire_bytes(b.sizes, level) / link if link else 0.0
+            link_free = max(link_free, cursor) + self.overhead_s.get(_family(level), 0.0) + wire_s
+        return hooks + max(0.0, link_free - cursor)
+
+    # ------------------------------------------------------------------------------------- decision
+
+    def decide(self) -> None:
+        """At the first bucket of a step: measure the previous step (all-reduced), then maybe switch."""
+        m = self._measure()
+        if m is None:
+            return
+        self._steps_seen += 1
+        if (
+            self._steps_seen == 1
+        ):  # DDP's first iteration (re-bucketing, allocator growth): not representative
+            return
+        buckets = self._previous.buckets
+        self._learn(m, buckets)
+        keys = [b.names[0] for b in buckets]
+        names = [b.names for b in buckets]
+        levels = [b.level for b in buckets]
+        step_s = max(m.period_s, 1e-9)
+        compute_s = max(step_s - m.exposed_s, 1e-9)
+        exposed_share = m.exposed_s / compute_s
+        chosen, reasons = list(levels), {}
+
+        for i, level in enumerate(levels):  # rule 1: back off where the residual grew past the bound
+            ratio = m.residual_ratio(i)
+            if level.startswith("topk") and ratio > self.residual_bound and self.levels.index(level) > 0:
+                chosen[i] = self.levels[self.levels.index(level) - 1]
+                count = max(self.backoffs.get(n, 0) for n in names[i])
+                until = self.step + self.cooldown * 2**count
+                for n in names[i]:
+                    self.backoffs[n] = count + 1
+                    self.banned[n] = (self.levels.index(level), until)
+                reasons[i] = (
+                    f"residual norm {ratio:.2f}x the gradient's > bound {self.residual_bound:g}: back off "
+                    f"(no {level} before step {until})"
+                )
+        before = self.predict(m, buckets, chosen)
+        order = sorted(range(len(buckets)), key=lambda i: -buckets[i].elements)
+        for _ in range(2):  # coordinate descent over the buckets, largest first
+            for i in order:
+                last = max(self.last_switch.get(n, -(10**9)) for n in names[i])
+                if i in reasons or self.step - last < self.dwell:
+                    continue  # rule 4
+                current = self.levels.index(chosen[i])
+                ratio = m.residual_ratio(i)
+                bans = [
+                    self.banned[n][0] for n in names[i] if n in self.banned and self.step < self.banned[n][1]
+                ]
+                limit = min(bans, default=len(self.levels))
+                recent = {
+                    self.left[n][0]
+                    for n in names[i]
+                    if n in self.left and self.step - self.left[n][1] < self.revisit
+                }
+                costs = {}
+                for j in range(len(self.levels)):
+                    if j != current and j in recent:
+                        continue  # rule 5: no return to a level left less than `revisit` steps ago
+                    sparser_blocked = (
+                        exposed_share <= self.exposed_high
+                        or j >= limit
+                        or (chosen[i].startswith("topk") and ratio > self.residual_bound / 2)
+                    )
+                    if j > current and sparser_blocked:
+                        continue  # rule 2's gates
+                    costs[j] = self.predict(m, buckets, chosen[:i] + [self.levels[j]] + chosen[i + 1 :])
+                least = min(costs.values())
+                pick = min(j for j, c in costs.items() if c <= least + self.tolerance * step_s)
+                if pick == current or (
+                    pick > current and costs[current] - costs[pick] < self.margin * step_s
+                ):
+                    continue  # rule 2's margin (rule 3: a denser pick is within tolerance by construction)
+                rate = self.throughput.get("link")
+                reasons[i] = (
+                    f"{'sparser' if pick > current else 'denser'}: exposed comm {m.exposed_s * 1e3:.1f} ms = "
+                    f"{exposed_share:.0%} of compute {compute_s * 1e3:.0f} ms (this bucket "
+                    f"{m.exposed_b[i] * 1e3:.1f} ms), link {(rate or 0) * 8 / 1e9:.2f} Gbit/s achieved, "
+                    f"residual {ratio:.2f}x gradient; predicted comm {costs[current] * 1e3:.1f} -> "
+                    f"{costs[pick] * 1e3:.1f} ms/step"
+                )
+                chosen[i] = self.levels[pick]
+        self.last_decision = {
+            "step": self.step,
+            "exposed_s": m.exposed_s,
+            "compute_s": compute_s,
+            "throughput_Bps": dict(self.throughput),
+            "overhead_s": dict(self.overhead_s),
+            "codec_s_per_element": dict(self.codec_s),
+            "residual_ratio": [m.residual_ratio(i) for i in range(len(buckets))],
+            "predicted_s": {"before": before, "after": self.predict(m, buckets, chosen)},
+            "levels": list(chosen),
+        }
+        for i in sorted(reasons):
+            if chosen[i] == levels[i]:
+                continue
+            for name in names[i]:
+                self.level_of[name] = chosen[i]
+                self.last_switch[name] = self.step
+                self.left[name] = (self.levels.index(levels[i]), self.step)
+            self.switches.append(
+                {
+                    "step": self.step,
+                    "bucket": buckets[i].index,
+                    "first_param": keys[i],
+                    "from": levels[i],
+                    "to": chosen[i],
+                    "reason": reasons[i],
+                }
+            )
+
+
+def adaptive_hook(state: AdaptiveState, bucket):
+    buf = bucket.buffer()
+    _check_bucket(buf, "adaptive")
+    n, w, stats = buf.numel(), state.world_size, state.stats
+    is_last = bucket.is_last()
+    first = bucket.index() == 0 or state._current is None
+    if first:
+        if state._current is not None:  # the step that just ended: its exposed time, before stats roll over
+            state._current.exposed_s = float(stats.comm_stats()["comm_s_exposed"])
+        state._previous, state._current = state._current, _StepRecord(t_first=time.perf_counter())
+    t0 = stats.bucket_enter(is_last)
+    stats_record = stats.current_record()
+    control_s = 0.0
+    if first:
+        state.decide()  # every rank, at the same point of the same step: one small all-reduce
+        control_s = time.perf_counter() - t0
+    names = state.residuals._keys(bucket)
+    level = state.level_for(names)
+    for name in names:
+        state.level_of.setdefault(name, level)
+    segments = parameter_segments(bucket)
+    record = _BucketRecord(
+        index=bucket.index(),
+        names=names,
+        sizes=tuple(size for _, size in segments),
+        level=level,
+        t_enter=t0,
+        control_s=control_s,
+    )
+    state._current.buckets.append(record)
+    if is_last:
+        state._current.t_enter_last = t0
+    residual = state.residuals.for_bucket(bucket)
+    velocity = state.momentum_buffers.for_bucket(bucket) if state.momentum_buffers is not None else None
+
+    if level.startswith("topk"):
+        ks = [native_ops.k_for_density(size, _density(level)) for size in record.sizes]
+        payload = sum(ks) * (4 + torch.finfo(state.value_dtype).bits // 8)
+
+        def grad_norm(local: torch.Tensor) -> None:  # the (1/W-scaled) gradient entering error feedback
+            record.grad_sq = float(torch.linalg.vector_norm(local, dtype=torch.float32)) ** 2 / w**2
+
+        fut = topk_exchange(state, buf, residual, velocity, segments, ks, after_local=grad_norm)
+        record.residual_sq = float(torch.linalg.vector_norm(residual)) ** 2
+    else:
+        payload = (4 if level == "dense" else 2) * n
+        if velocity is not None:  # DGC's momentum only accumulates at top-k levels: here all is sent
+            velocity.zero_()
+        if level == "dense":
+            fut = state._dense_all_reduce(bucket, residual)
+        else:
+            buf.div_(w).add_(residual)  # flush what a top-k level withheld
+            residual.zero_()
+            half = buf.to(torch.float16)
+            work = dist.all_reduce(half, group=state.process_group, async_op=True)
+
+            def decode(f):
+                buf.copy_(f.value()[0])
+                return buf
+
+            fut = work.get_future().then(decode)
+    wire = state.wire_bytes(record.sizes, level)
+    record.wire_bytes = wire
+    record.t_launched = time.perf_counter()
+    stats.bucket_launched(t0, is_last, bytes_sent=payload, wire_bytes=wire, dense_bytes=4 * n)
+    stats.add("density_elements", _density(level) * n)
+    stats.add("control_s", control_s)
+
+    def done(f):
+        record.t_done = time.perf_counter()
+        stats.bucket_done(t0, stats_record)
+        return f.value()
+
+    state._end_of_bucket(bucket)
+    return fut.then(done)
