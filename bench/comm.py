@@ -13,7 +13,10 @@ One run, three parts, all with the real runtime (one torchrun agent per emulated
    against dense fp32;
 3. the loss after ``--loss-steps`` (300) steps on the stdlib-text task with the small model
    (``examples/comm-tiny.json``; 300 steps of the 20M model take ~15 min per method on 2 cores): dense,
-   top-k 1 % (the comparison's setting), top-k 0.1 % DGC, adaptive.
+   top-k 1 % (the comparison's setting), top-k 0.1 % DGC, adaptive;
+4. the order buckets are sent in (``bench/comm_order.py``'s runs): DDP's reverse order against priority
+   (first layers first, ByteScheduler / P3) and magnitude on the 20M model at ``--gbit``: exposed comm,
+   step time, loss difference.
 
 Then PASS / NOT MET per target of the issues, with the measured ratio. The network is rate-limited with tbf
 only (this kernel has no netem qdisc): no latency is added, which the output says.
@@ -159,7 +162,7 @@ def main() -> int:
     p.add_argument("--loss-steps", type=int, default=300)
     p.add_argument("--loss-model", default=str(EXAMPLES / "comm-tiny.json"))
     p.add_argument("--methods", help=f"part 1's methods, comma-separated (default: {','.join(ALL)})")
-    p.add_argument("--parts", default="1,2,3", help="which parts to run (default 1,2,3)")
+    p.add_argument("--parts", default="1,2,3,4", help="which parts to run (default 1,2,3,4)")
     p.add_argument("--quick", action="store_true", help="1 Gbit/s, dense/fp16/topk_ef/adaptive, 4 + 60 steps")
     p.add_argument("--json", help="write all figures here")
     args = p.parse_args()
@@ -177,8 +180,8 @@ def main() -> int:
         problems.append("need link speeds > 0, --steps >= 2 and --loss-steps >= 10")
     if set(methods) - set(ALL) or not methods:
         problems.append(f"--methods: choose from {', '.join(ALL)} (got {args.methods!r})")
-    if not parts or parts - {"1", "2", "3"}:
-        problems.append(f"--parts: choose from 1,2,3 (got {args.parts!r})")
+    if not parts or parts - {"1", "2", "3", "4"}:
+        problems.append(f"--parts: choose from 1,2,3,4 (got {args.parts!r})")
     if problems:
         print("bench/comm.py: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -287,6 +290,21 @@ def main() -> int:
                 -ADAPTIVE_LOSS_TOLERANCE,
             ),
         ]
+
+    if "4" in parts:
+        from comm_order import format_orders, measure_orders
+
+        print(f"\n== 4. bucket order, {model['name']}, {args.gbit:g} Gbit/s", flush=True)
+        order = measure_orders(model, gbit=args.gbit, steps=args.steps, bucket_mb=None, rounds=1)
+        print(format_orders(order, model_name=model["name"], gbit=args.gbit, steps=args.steps, rounds=1))
+        report["order"] = order["rows"]
+        targets.append(
+            _target(
+                "priority order: exposed comm below DDP's reverse order [ratio = reverse / priority exposed]",
+                round(1 / max(order["rows"]["priority"]["exposed_vs_reverse"], 1e-9), 3),
+                1.0,
+            )
+        )
 
     print("\n== targets")
     for t in targets:

@@ -53,28 +53,14 @@ def order_config(model: dict, order: str, *, steps: int, gbit: float, bucket_mb:
     return JobConfig.from_dict(base)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gbit", type=float, default=1.0)
-    p.add_argument("--steps", type=int, default=8, help="steps per run (the first is not timed)")
-    p.add_argument(
-        "--bucket-mb", type=float, default=None, help="bucket = partition size (default: planner's)"
-    )
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--json")
-    args = p.parse_args()
-    reason = netem.unavailable_reason()
-    if reason:
-        print(f"bench/comm_order.py: cannot build the emulated network: {reason}", file=sys.stderr)
-        return 3
-    model = json.loads(Path(args.model).read_text())
-    t0 = time.monotonic()
+def measure_orders(model: dict, *, gbit: float, steps: int, bucket_mb: float | None, rounds: int) -> dict:
+    """Every order on one emulated network (interleaved over ``rounds``): per order the medians of rank 0's
+    comm exposed / total, step time and tokens/s, its losses, and its ratios against ``reverse``."""
     runs: dict[str, list[dict]] = {o: [] for o in ORDERS}
-    with netem.TwoTierNetwork(nodes=NODES, inter_node_gbit=args.gbit) as net:
-        for r in range(args.rounds):
+    with netem.TwoTierNetwork(nodes=NODES, inter_node_gbit=gbit) as net:
+        for r in range(rounds):
             for order in ORDERS:
-                cfg = order_config(model, order, steps=args.steps, gbit=args.gbit, bucket_mb=args.bucket_mb)
+                cfg = order_config(model, order, steps=steps, gbit=gbit, bucket_mb=bucket_mb)
                 summary = run_on_network(net, cfg, RANKS_PER_NODE, timeout=900)
                 row = method_row(summary)
                 row["losses"] = summary["losses"]
@@ -93,32 +79,65 @@ def main() -> int:
         }
         rows[order].update(bucket_cap_mb=rs[0]["bucket_cap_mb"], losses=rs[0]["losses"], rounds=len(rs))
     ref = rows["reverse"]
-    print(
-        f"comm order: {model['name']} on {NODES} nodes x {RANKS_PER_NODE} ranks (gloo, cpu), {args.gbit:g} Gbit/s "
-        f"({qdisc}; latency emulated: {'yes' if latency else 'no'}), {args.steps} steps, AdamW, grad_clip 0, "
-        f"buckets/partitions {ref['bucket_cap_mb']} MB, median of {args.rounds} round(s)"
-    )
-    print(
-        f"{'order':<10} {'comm exposed s':>14} {'comm total s':>12} {'step s':>7} {'speed-up':>8} "
-        f"{'exposed vs rev':>14} {'loss last':>9} {'max |dloss|/loss':>16}"
-    )
-    for order, row in rows.items():
-        rel = max(abs(a - b) / abs(b) for a, b in zip(row["losses"], ref["losses"], strict=True))
+    for row in rows.values():
         row["speedup_vs_reverse"] = round(ref["step_time_s"] / row["step_time_s"], 3)
         row["exposed_vs_reverse"] = round(row["comm_s_exposed"] / max(ref["comm_s_exposed"], 1e-9), 3)
-        row["loss_max_rel_diff_vs_reverse"] = rel
-        print(
+        row["loss_max_rel_diff_vs_reverse"] = max(
+            abs(a - b) / abs(b) for a, b in zip(row["losses"], ref["losses"], strict=True)
+        )
+    return {"rows": rows, "qdisc": qdisc, "latency_emulated": latency}
+
+
+def format_orders(result: dict, *, model_name: str, gbit: float, steps: int, rounds: int) -> str:
+    rows = result["rows"]
+    ref = rows["reverse"]
+    lines = [
+        f"comm order: {model_name} on {NODES} nodes x {RANKS_PER_NODE} ranks (gloo, cpu), {gbit:g} Gbit/s "
+        f"({result['qdisc']}; latency emulated: {'yes' if result['latency_emulated'] else 'no'}), {steps} steps, "
+        f"AdamW, grad_clip 0, buckets/partitions {ref['bucket_cap_mb']} MB, median of {rounds} round(s)",
+        f"{'order':<10} {'comm exposed s':>14} {'comm total s':>12} {'step s':>7} {'speed-up':>8} "
+        f"{'exposed vs rev':>14} {'loss last':>9} {'max |dloss|/loss':>16}",
+    ]
+    for order, row in rows.items():
+        lines.append(
             f"{order:<10} {row['comm_s_exposed']:>14.3f} {row['comm_s_total']:>12.3f} {row['step_time_s']:>7.3f} "
             f"{row['speedup_vs_reverse']:>7.3f}x {row['exposed_vs_reverse']:>13.3f}x {row['losses'][-1]:>9.4f} "
-            f"{rel:>16.2e}"
+            f"{row['loss_max_rel_diff_vs_reverse']:>16.2e}"
         )
-    print(
+    lines.append(
         "exposed: the training thread's wait for gradients per step (reverse: DDP's end-of-backward wait; "
         "priority/magnitude: the next forward's waits, stage by stage); total: ready -> reduced, summed over "
-        f"buckets. bench wall time {(time.monotonic() - t0) / 60:.1f} min"
+        "buckets."
     )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gbit", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=8, help="steps per run (the first is not timed)")
+    p.add_argument(
+        "--bucket-mb", type=float, default=None, help="bucket = partition size (default: planner's)"
+    )
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--json")
+    args = p.parse_args()
+    reason = netem.unavailable_reason()
+    if reason:
+        print(f"bench/comm_order.py: cannot build the emulated network: {reason}", file=sys.stderr)
+        return 3
+    model = json.loads(Path(args.model).read_text())
+    t0 = time.monotonic()
+    result = measure_orders(
+        model, gbit=args.gbit, steps=args.steps, bucket_mb=args.bucket_mb, rounds=args.rounds
+    )
+    print(
+        format_orders(result, model_name=model["name"], gbit=args.gbit, steps=args.steps, rounds=args.rounds)
+    )
+    print(f"bench wall time {(time.monotonic() - t0) / 60:.1f} min")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": result["rows"]}, indent=2))
     return 0
 
 
