@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
 # make test: processes the test files are spread over (pytest-xdist; each starts its own Redis, database and stack)
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 HOST   ?= 127.0.0.1
 export PORT HOST
 # keep torch-npu (if ever installed) from breaking `import torch` on machines without the Ascend runtime
@@ -12,7 +12,7 @@ export TORCH_DEVICE_BACKEND_AUTOLOAD ?= 0
 # the venv's tools first: torch.utils.cpp_extension looks for the ninja wheel's `ninja` on PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup run test lint native chromium pdf-libs slurm clean
+.PHONY: setup run test test-long lint native chromium pdf-libs slurm clean
 
 setup: $(VENV)/.installed
 
@@ -57,8 +57,12 @@ slurm:
 
 test: setup native chromium pdf-libs slurm
 	@mkdir -p var/test
-	@$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile --junitxml=var/test/junit.xml; \
+	@$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile -m "not long" --junitxml=var/test/junit.xml; \
 	  rc=$$?; $(PY) tests/slowest_files.py var/test/junit.xml 20; exit $$rc
+
+# the long tier (tests/conftest.py LONG_TESTS): the costliest fault and layout scenarios, ~1,500 s of test time
+test-long: setup native chromium pdf-libs slurm
+	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile -m long
 
 lint: setup
 	$(VENV)/bin/ruff check .
