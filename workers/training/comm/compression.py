@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import native_ops
 from workers.training.comm.collectives import all_gather_rows, row_slice_as
@@ -295,11 +296,14 @@ def density_of(figures: dict) -> float:
     return float(figures.get("density_elements", 0.0)) / elements if elements else 1.0
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of a tensor: a tensor-parallel DTensor's local shard (its ``numel()`` is the
+    global size, while its gradient in a bucket is the local shard), any other tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def local_numel(param) -> int:
-    """Elements of this rank's piece of a parameter: a tensor-parallel DTensor's ``numel()`` is the global
-    size, while its gradient in the bucket is the local shard."""
-    to_local = getattr(param, "to_local", None)
-    return to_local().numel() if callable(to_local) else param.numel()
+    return local_tensor(param).numel()
 
 
 def parameter_segments(bucket) -> list[tuple[int, int]]:

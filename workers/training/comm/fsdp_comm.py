@@ -37,10 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-from torch.distributed.tensor import DTensor
 
 import native_ops
-from workers.training.comm.compression import VALUE_DTYPES, linear_density
+from workers.training.comm.compression import VALUE_DTYPES, linear_density, local_tensor
 from workers.training.comm.hierarchical import _my_group, spans_world, split_by_node, subgroup_node_lists
 from workers.training.comm.stats import CommStats, timed
 from workers.training.comm_methods import FSDP_HOOK_NAMES
@@ -394,10 +393,6 @@ class LocalGradBucket:
             self._buffer.copy_(tensor)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 class LocalGradReducer:
     """Data-parallel gradient reduction of a tensor-parallel part under a DDP comm hook (ZeRO-0, where
     torch's ``replicate`` has no hook): the parameters in reverse order (the order backward produces
@@ -412,7 +407,7 @@ class LocalGradReducer:
         self.buckets: list[list[nn.Parameter]] = []
         current, size = [], 0
         for p in reversed(params):
-            nbytes = _local(p.data).numel() * 4
+            nbytes = local_tensor(p.data).numel() * 4
             if current and size + nbytes > cap:
                 self.buckets.append(current)
                 current, size = [], 0
@@ -426,7 +421,8 @@ class LocalGradReducer:
         pending = []
         for i, params in enumerate(self.buckets):
             grads = [
-                _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p.data)) for p in params
+                local_tensor(p.grad) if p.grad is not None else torch.zeros_like(local_tensor(p.data))
+                for p in params
             ]
             shapes = [g.shape for g in grads]
             flat = torch.cat([g.reshape(-1).float() for g in grads])
@@ -437,4 +433,4 @@ class LocalGradReducer:
             bucket.set_buffer(reduced[0] if isinstance(reduced, list) else reduced)
             for p, g in zip(params, bucket.gradients(), strict=True):
                 if p.grad is not None:
-                    _local(p.grad).copy_(g)
+                    local_tensor(p.grad).copy_(g)
