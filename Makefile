@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PORT   ?= 8000
 # make test: processes the test files are spread over (pytest-xdist; each starts its own Redis, database and stack)
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 HOST   ?= 127.0.0.1
 export PORT HOST
 # keep torch-npu (if ever installed) from breaking `import torch` on machines without the Ascend runtime
