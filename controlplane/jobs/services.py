@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, OperationalError, close_old_connections, transaction
+from django.db import DatabaseError, OperationalError, close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from rest_framework.exceptions import APIException, ValidationError
@@ -1059,6 +1059,8 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
                 what=f"record that job {job.pk} node {node_rank} started",
             ),
             on_heartbeat=beat,
+            # the heartbeat thread closes its own connection (resolved there: `connection` is per thread)
+            after_heartbeats=lambda: connection.close(),
             # the live log: new lines (noise filtered, batched by the supervisor) as events on the job's stream
             on_output=lambda lines: publish(
                 job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt}

@@ -89,7 +89,9 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
         lambda: not _processes_mentioning(f"jobs/{job_id}/attempt-1/"), 30, "the old ranks to be gone"
     )
 
-    [fault] = job.faults.all()
+    faults = list(job.faults.order_by("pk"))
+    assert len(faults) == 1, [(f.kind, f.attempt, f.step, f.message) for f in faults]
+    [fault] = faults
     assert (fault.kind, fault.attempt) == ("worker-lost", 1)
     assert "stopped answering" in fault.message
     wait_for(lambda: job.faults.filter(recovered_at__isnull=False).exists(), 30, "the fault to be closed")

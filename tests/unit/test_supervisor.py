@@ -106,3 +106,39 @@ def test_a_failing_heartbeat_leaves_no_unsupervised_ranks(tmp_path):
     parent, child = _wait_for(pids_file)
     time.sleep(0.2)
     assert not _alive(parent) and not _alive(child)
+
+
+def test_a_slow_poll_does_not_hold_up_the_heartbeats(tmp_path):
+    """The reaper calls a supervisor dead when its beats stop: a poll that takes long (a fresh worker's
+    first import of torch) must not stop them."""
+    beats, polls = [], []
+
+    def slow_poll() -> None:
+        polls.append(time.monotonic())
+        time.sleep(0.8)
+
+    supervise(
+        [sys.executable, "-c", "import time; time.sleep(2.5)"],
+        log_path=tmp_path / "run.log",
+        on_heartbeat=lambda: beats.append(time.monotonic()) and False,
+        on_poll=slow_poll,
+        heartbeat_every_s=0.1,
+        poll_every_s=0.02,
+    )
+    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+    # polls of 0.8 s each: beats taken between them would be ~4; on their own thread ~25
+    assert len(polls) >= 2 and len(beats) >= 10 and max(gaps) < 0.6, (len(beats), max(gaps, default=None))
+
+
+def test_the_heartbeat_thread_says_when_it_ends(tmp_path):
+    from threading import current_thread
+
+    threads = []
+    supervise(
+        [sys.executable, "-c", "import time; time.sleep(0.3)"],
+        log_path=tmp_path / "run.log",
+        on_heartbeat=lambda: threads.append(current_thread().name) and False,
+        after_heartbeats=lambda: threads.append(("after", current_thread().name)),
+        heartbeat_every_s=0.05,
+    )
+    assert threads[-1] == ("after", "supervisor-heartbeats") and threads[0] == "supervisor-heartbeats"
