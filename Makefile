@@ -60,7 +60,7 @@ test: setup native chromium pdf-libs slurm
 	@$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile -m "not long" --junitxml=var/test/junit.xml; \
 	  rc=$$?; $(PY) tests/slowest_files.py var/test/junit.xml 20; exit $$rc
 
-# the long tier (tests/conftest.py LONG_TESTS): the costliest fault and layout scenarios, ~1,500 s of test time
+# the long tier (tests/conftest.py LONG_TESTS): the costliest fault and layout scenarios, ~2,100 s of test time
 test-long: setup native chromium pdf-libs slurm
 	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile -m long
 
