@@ -358,6 +358,8 @@ def supervise(
         raise
     finally:
         beats.stop()
+    if beats.error is not None:  # it failed as the run ended, too late to stop it: said, not raised
+        log.warning("the last heartbeat failed as the run ended", exc_info=beats.error)
     exit_code = proc.wait()
     if on_poll is not None:
         _quietly(on_poll)
