@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
 TINY = json.loads((EXAMPLES / "comm-tiny.json").read_text())
 # reaction within one step, no margins: what the controller does follows from the measurements alone
-EAGER = "exposed_high=0,margin=0,tolerance=0,dwell=1"
+EAGER = "exposed_high=0,margin=0,tolerance=0,dwell=1,persist=1"
 BOUND = 1e-3  # far below any residual/gradient norm ratio top-k leaves: every top-k step exceeds it
 
 
@@ -122,7 +122,7 @@ def _scenarios(rank: int, port: int, out_dir: str, redis_url: str | None, job_id
     st, _ = _train(f"adaptive:levels=topk,{EAGER},exposed_high=1e9", 4)
     res["gated"] = st.switches
     # residual bound exceeded at every top-k step: back off topk@0.01 -> topk@0.1 -> fp16, then stay
-    spec = f"adaptive:levels=fp16/topk,start=topk@0.01,residual_bound={BOUND},{EAGER},cooldown=100"
+    spec = f"adaptive:levels=fp16/topk,start=topk@0.01,residual_bound={BOUND},bound_scaling=false,{EAGER},cooldown=100"
     st, model = _train(spec, 5)
     res["backoff"] = st.switches
     res["backoff_residual_norm"] = st.residuals.norm()

@@ -10,7 +10,8 @@ TP, pipeline, FSDP2) and keeps each rank's loss and parameters; the tests then c
   within float tolerance, under tp2 x dp2 (ZeRO-0), pp2 x dp2 (DDP on a sub-group) and ZeRO-2;
 - FSDP2's custom reduce-scatters called directly on 2 nodes x 2 ranks give each rank its shard of the sum;
 - hierarchical on a DP group with one rank per node degenerates to the inter-node all-reduce and says so;
-- powerSGD under ZeRO-2 is refused with the reason.
+- powerSGD under ZeRO-2 is refused with the reason;
+- top-k under FSDP follows the DDP hook's default density warm-up (DGC's exponential schedule).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def _scenarios(rank: int, port: int, out_dir: str) -> None:
             "params": params,
             "comm": trainer._comm_figures(),
             "degenerate": [getattr(st, "degenerate", None) for st in states],
+            "schedules": [st.schedule() for st in states if hasattr(st, "schedule")],
         }
         for st in states:
             getattr(st, "close", lambda: None)()
@@ -227,3 +229,15 @@ def test_fsdp_reduce_scatters_give_each_rank_its_own_shard_of_the_sum(runs):
         torch.testing.assert_close(rs["topk_ef"], rs["reference"], rtol=1e-5, atol=1e-6)
     # each rank got a different shard (the test would pass on a broadcast otherwise)
     assert not torch.equal(runs[0]["reduce_scatter"]["reference"], runs[1]["reduce_scatter"]["reference"])
+
+
+def test_topk_under_fsdp_warms_up_by_default_as_under_ddp(runs):
+    # no warmup_steps in the spec: DGC's exponential warm-up from 25 % over the first half of the job, as the
+    # DDP hook does (3 steps: 2 of warm-up), its density in the step's figures
+    for r in runs:
+        assert r["z2_topk_ef"]["schedules"] == [
+            {"density": 0.05, "start_density": 0.25, "warmup": "exponential", "warmup_steps": 2, "auto": True}
+        ]
+        assert r["tp2_topk_ef"]["schedules"][0]["warmup_steps"] == 2  # the DDP-hook twin plans the same
+        assert r["z2_topk_ef"]["comm"]["comm_density"] == pytest.approx(0.05, rel=0.05)  # step 3: the target
+        assert "comm_density" not in r["z2_fp16"]["comm"]  # nothing selected: no density to report

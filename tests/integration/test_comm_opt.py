@@ -176,3 +176,39 @@ def test_comm_opt_compares_methods_on_the_emulated_network():
     assert doc["network"]["nodes"] == 2 and doc["network"]["measured_goodput_gbit"] > 0.5
     # nothing of ours left behind (other processes on the machine may have their own namespaces meanwhile)
     assert {n for n in netem.list_namespaces() if n.startswith(ours)} <= before
+
+
+def _comm_opt_json(tmp_path: Path, strategy: dict, methods: str) -> tuple[int, dict | None, str]:
+    from workers.cli import main
+
+    path = tmp_path / "strategy.json"
+    path.write_text(json.dumps(strategy))
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["comm-opt", "--model", str(EXAMPLES / "comm-tiny.json"), "--steps", "3", "--timeout", "180"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([*argv, "--strategy", str(path), "--methods", methods, "--json"])
+    return rc, (json.loads(out.getvalue()) if rc == 0 else None), err.getvalue()
+
+
+def test_comm_opt_refuses_a_strategy_the_runtime_refuses(tmp_path):
+    rc, _, err = _comm_opt_json(tmp_path, {"tp": 3}, "dense")  # 4 ranks: tp 3 does not divide them
+    assert rc == 2 and "invalid input" in err and "tp" in err, err
+
+
+@pytest.mark.skipif(bool(netem.unavailable_reason()), reason=netem.unavailable_reason() or "ok")
+def test_comm_opt_strategy_runs_each_method_under_zero2_or_says_what_ran_instead(tmp_path):
+    rc, doc, err = _comm_opt_json(tmp_path, {"zero_stage": 2}, "dense,hierarchical,adaptive")
+    assert rc == 0, err
+    rows = doc["methods"]
+    assert list(rows) == ["dense", "hierarchical", "adaptive"]  # one entry per method
+    assert rows["dense"]["zero_stage"] == rows["hierarchical"]["zero_stage"] == 2
+    assert "note" not in rows["dense"]
+    # the hierarchical reduce-scatter is lossless; its inter-node share is reported beside the total
+    assert rows["hierarchical"]["loss_avg_last10"] == pytest.approx(
+        rows["dense"]["loss_avg_last10"], rel=1e-4
+    )
+    assert 0 < rows["hierarchical"]["inter_node_bytes"] < rows["dense"]["bytes_per_rank_per_step"]
+    # adaptive has no reduce-scatter form: it ran under ZeRO-0 with the same layout, and says why
+    assert rows["adaptive"]["zero_stage"] == 0
+    assert "refused under zero_stage 2" in rows["adaptive"]["note"] and "adaptive" in rows["adaptive"]["note"]
+    assert "low-rank" not in rows["adaptive"]["note"]  # its own reason, not powerSGD's

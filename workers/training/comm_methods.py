@@ -12,6 +12,19 @@ HOOK_NAMES = ("allreduce", "fp16", "bf16", "powerSGD", "topk_ef", "sign_ef", "hi
 # the hooks with an FSDP2 (zero_stage 1-3) reduce-scatter form (``workers.training.comm.fsdp_comm``); powerSGD
 # has none: it all-reduces low-rank factors of whole gradient matrices, a reduce-scatter sees flat shards
 FSDP_HOOK_NAMES = ("allreduce", "fp16", "bf16", "topk_ef", "sign_ef", "hierarchical")
+# the hooks refused under zero_stage 1-3, and why (a job config's error, a comparison's note)
+FSDP_REFUSED = {
+    "powerSGD": (
+        "powerSGD all-reduces a low-rank factor pair per gradient matrix; FSDP2's custom reduce-scatter "
+        "(set_custom_reduce_scatter) gets one flat buffer of every parameter's dim-0 shards, without the "
+        "matrices' shapes, and must return this rank's exact shard: use zero_stage 0 (DDP) for powerSGD"
+    ),
+    "adaptive": (
+        "adaptive chooses a level per DDP bucket from its own timings of DDP's bucketed all-reduce; it has no "
+        "reduce-scatter form yet: under zero_stage 1-3 name a fixed method (allreduce, fp16, bf16, topk_ef, "
+        "sign_ef, hierarchical), or use zero_stage 0 for adaptive"
+    ),
+}
 
 # methods ``cann-train comm-opt`` and a job page's comparison train side by side
 COMPARE_METHODS = (

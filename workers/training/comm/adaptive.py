@@ -1,10 +1,18 @@
-"""``adaptive``: per bucket, dense / fp16 / top-k + error feedback at a density from a ladder, chosen
-every step from what the previous step measured (issue 17).
+"""``adaptive``: per bucket, dense / fp16 / top-k + error feedback at a density from a ladder, flat or
+through the node hierarchy, chosen every step from what the previous step measured (issue 17).
 
-Levels, densest first: ``dense`` (fp32 all-reduce, what plain DDP sends), ``fp16`` (fp16 all-reduce),
-then ``topk@d`` for each density ``d`` of the ladder (default 10 %, 1 %, 0.1 %: DGC's range, Lin et al.
-2018). Leaving a top-k level for a dense one flushes the bucket's error-feedback residual into the next
-exchange, so nothing a bucket withheld is lost.
+Levels, densest first: ``dense`` (fp32 all-reduce, what plain DDP sends), ``hier`` (the hierarchical
+all-reduce of :mod:`.hierarchical`: shared-memory reduce-scatter inside a node, fp32 all-reduce of the
+shards across nodes, all-gather inside the node; lossless), ``fp16`` (fp16 all-reduce), then for each
+density ``d`` of the ladder (default 10 % and 1 %; DGC goes to 0.1 %, Lin et al. 2018) ``topk@d`` (top-k +
+error feedback over the whole group) -- or, where there is a hierarchy, ``hier_topk@d`` instead (top-k +
+error feedback of the node-summed shards, across nodes only). The ``hier`` levels are offered when the
+data-parallel group has more than one rank on each of more than one node (``ranks_per_node``: the runtime
+passes torchrun's ``LOCAL_WORLD_SIZE``); with one DP rank per node (e.g. tp2 x dp2 on 2 x 2) they would be
+the flat all-reduce again. Leaving a top-k
+level for a denser one flushes the bucket's error-feedback residual into the next exchange (a
+``hier_topk`` shard residual is added at the rank's shard offset of the flat residual: each node's ranks
+hold disjoint shards, so the node's withheld sum is sent once), so nothing a bucket withheld is lost.
 
 What it measures, per step and bucket (:class:`_StepRecord`): when each bucket's hook was entered and
 left (its synchronous codec time on the autograd thread) and when its collective finished, the bytes it
@@ -14,7 +22,11 @@ put on the wire, and at top-k levels the gradient's and the residual's norms. Fr
   messages: bandwidth-bound), a bucket's transfer starting when it is launched *and* the previous
   bucket's is done (one link, in bucket order, as gloo issues them); and per collective family the fixed
   cost of a bucket's transfer beyond bytes / link (latency, waiting for the slowest rank) -- small top-k
-  messages are dominated by it;
+  messages are dominated by it. The link is the node's uplink: with node-major ranks one edge of a ring
+  leaves each node, so a flat collective's per-rank wire bytes are what the uplink carries; a ``hier``
+  level's L ranks per node each send their shard's bytes over it at once (L x the per-rank inter-node
+  bytes). The hierarchical families' extra cost (the shared-memory stages, the shard's top-k) grows with
+  the bucket, so it is learnt per element rather than per bucket;
 - **exposed communication**: per bucket the part of its collective after backward ended plus its codec
   time, and the step's total (``stats``' ``comm_s_exposed``) against the step's compute time (the period
   between two steps' first buckets, minus the exposed time);
@@ -29,9 +41,11 @@ are visited largest first (twice); each takes the level of least predicted cost,
 level within ``tolerance`` of that least cost. Rules, with hysteresis (a switch needs a margin, and moves
 to sparser and to denser levels have different gates, so a bucket does not flap):
 
-1. *back off*: a top-k bucket whose residual norm exceeds ``residual_bound`` x its gradient norm goes one
-   level denser at once, and may not return to the level it left for ``cooldown`` steps (doubled at each
-   repeat);
+1. *back off*: a top-k bucket whose residual norm exceeds ``residual_bound`` x its gradient norm at
+   ``persist`` consecutive decisions (the first one after the bucket switched does not count: a switch
+   flushes one residual into another, and the bound is about a residual that keeps growing, not that
+   step) goes one level denser, and may not return to the level it left for ``cooldown`` steps (doubled
+   at each repeat);
 2. *sparser* only while the step's exposed communication is over ``exposed_high`` of its compute time,
    the predicted saving is over ``margin`` of the step time, and (at a top-k level) the residual is
    under half the bound;
@@ -55,6 +69,7 @@ reason; the runtime publishes each as a ``comm_switch`` event (:meth:`AdaptiveSt
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -73,7 +88,10 @@ from workers.training.comm.compression import (
     parameter_segments,
     topk_exchange,
 )
+from workers.training.comm.hierarchical import HierarchicalState, sparse_all_reduce, split_by_node
 from workers.training.comm.stats import all_gather_wire_bytes, ring_all_reduce_wire_bytes
+
+log = logging.getLogger(__name__)
 
 # Top-k compression cost per element before the first top-k step measures it: 65-80 ms for 20.7M
 # elements in 57 tensors, one uncontended thread (docs/comm.md, "Where top-k's step time goes") ~ 3.5 ns.
@@ -81,21 +99,50 @@ TOPK_CODEC_S_PER_ELEMENT = 3.5e-9
 # fp16 cast + copy back before it is measured: two passes over fp32 memory, ~2 x 0.4 ns/element at the
 # ~10 GB/s one core streams (order of magnitude; replaced by the measurement after one fp16 step).
 FP16_CODEC_S_PER_ELEMENT = 1e-9
-DEFAULT_LADDER = (0.1, 0.01, 0.001)
+# 10 % and 1 %; DGC's 0.1 % on request (ladder=0.1/0.01/0.001): on the bench's models it costs loss that
+# 300 steps do not recover (comm-tiny, fixed top-k 0.1 % with DGC's recipe: +9.4 % vs dense; each parameter
+# is sent a third of a time in the run), and with it in the ladder the controller went there on slow links
+DEFAULT_LADDER = (0.1, 0.01)
 # weight of the newest step in the running estimates of throughput and codec cost
 EMA = 0.5
 
 
+# the hierarchical families' extra cost per bucket element before it is measured: the shared-memory
+# reduce-scatter and all-gather stream the bucket ~3 times (~1 ns/element, as FP16_CODEC_S_PER_ELEMENT), and
+# hier_topk also selects the top-k of the rank's 1/L shard (TOPK_CODEC_S_PER_ELEMENT per shard element)
+HIER_S_PER_ELEMENT = 1e-9
+FAMILIES = ("allreduce", "allgather", "hier", "hier_allgather")
+HIER_FAMILIES = ("hier", "hier_allgather")
+
+
 def _family(level: str) -> str:
+    """The collective a level's transfer uses (``hier*``: through the node hierarchy)."""
+    if level.startswith("hier"):
+        return "hier_allgather" if "@" in level else "hier"
     return "allgather" if level.startswith("topk") else "allreduce"
 
 
 def _kind(level: str) -> str:
+    """The codec a level runs on the autograd thread (the hierarchy's stages run on their own threads)."""
+    if level.startswith("hier"):
+        return "hier"
     return "topk" if level.startswith("topk") else level
 
 
+def _sparse(level: str) -> bool:
+    """Whether the level withholds an error-feedback residual (a top-k level, flat or hierarchical)."""
+    return "@" in level
+
+
 def _density(level: str) -> float:
-    return float(level.split("@", 1)[1]) if level.startswith("topk@") else 1.0
+    return float(level.split("@", 1)[1]) if "@" in level else 1.0
+
+
+def _flat_twin(level: str) -> str:
+    """The flat level a hierarchical one becomes where the job has no hierarchy (resumed elsewhere)."""
+    if level == "hier":
+        return "dense"
+    return level.removeprefix("hier_")
 
 
 def _ladder(value) -> tuple[float, ...]:
@@ -157,9 +204,14 @@ class _Measured:
 
 class AdaptiveState(CompressionState):
     """State of ``adaptive``. Options: ``ladder`` (top-k densities, '/'-separated, default
-    ``0.1/0.01/0.001``), ``levels`` (families it may use, a '/'-separated subset of ``dense/fp16/topk``;
-    default all), ``start`` (initial level, default the densest), ``residual_bound`` (back off a top-k
-    bucket whose residual norm exceeds this many gradient norms; default 2), ``exposed_high`` (go sparser
+    ``0.1/0.01``; 0.1 % on request), ``levels`` (families it may use, a '/'-separated subset of
+    ``dense/fp16/topk/hier``; default all; ``hier`` with ``topk`` adds the ``hier_topk`` levels),
+    ``ranks_per_node`` (the node layout the ``hier`` levels need: a node holds that many consecutive
+    global ranks; without it, or with one DP rank per node or one node, no ``hier`` level is offered),
+    ``start`` (initial level, default the densest), ``residual_bound`` (back off a top-k
+    bucket whose residual norm exceeds this many gradient norms; default 4 at 10 % density, scaled by
+    sqrt(0.1 / density) below unless ``bound_scaling=false``: :meth:`bound`), ``persist`` (at that many
+    consecutive decisions; default 2), ``exposed_high`` (go sparser
     only while exposed comm is over this share of compute; 0.05), ``margin`` (a sparser switch must save
     this share of the step time; 0.05), ``tolerance`` (a denser level may cost this share more; 0.02),
     ``dwell`` (steps between two switches of a bucket; 2), ``revisit`` (steps before a bucket may return
@@ -171,20 +223,51 @@ class AdaptiveState(CompressionState):
         super().__init__(process_group)
         opts = dict(options or {})
         ladder = _ladder(opts.pop("ladder", "/".join(str(d) for d in DEFAULT_LADDER)))
-        families = str(opts.pop("levels", "dense/fp16/topk")).replace("/", " ").split()
-        if not families or set(families) - {"dense", "fp16", "topk"}:
+        asked = "levels" in opts
+        families = str(opts.pop("levels", "dense/fp16/topk/hier")).replace("/", " ").split()
+        if not families or set(families) - {"dense", "fp16", "topk", "hier"}:
             raise ValueError(
-                f"adaptive: levels must be a '/'-separated subset of dense/fp16/topk, got {families}"
+                f"adaptive: levels must be a '/'-separated subset of dense/fp16/topk/hier, got {families}"
             )
-        self.levels: list[str] = [f for f in ("dense", "fp16") if f in families]
+        if families == ["hier"]:
+            raise ValueError("adaptive: levels needs a flat family beside hier (dense, fp16 or topk)")
+        ranks_per_node = opts.pop("ranks_per_node", None)
+        self.hierarchy: HierarchicalState | None = None
+        if "hier" in families:
+            why = self._hierarchy_unavailable(ranks_per_node)
+            if why is None:
+                self.hierarchy = HierarchicalState(process_group, {"ranks_per_node": int(ranks_per_node)})
+            elif asked and dist.get_rank() == 0:
+                log.warning("adaptive: no hier levels: %s", why)
+        hier = self.hierarchy is not None
+        self.levels: list[str] = (
+            (["dense"] if "dense" in families else [])
+            + (["hier"] if hier else [])
+            + (["fp16"] if "fp16" in families else [])
+        )
         if "topk" in families:
-            self.levels += [f"topk@{d:g}" for d in ladder]
+            # with a hierarchy, top-k goes through it only: the node-summed shards' top-k puts (W - 1) /
+            # (nodes - 1) times fewer bytes on the uplink than each rank's own, selects from 1/L of the
+            # bucket on the stage threads instead of all of it on the autograd thread, and offering both
+            # twins at one density made buckets flap between them (each move flushes one residual into the
+            # other, which then reads as residual growth: measured, 20.7M model at 0.5 Gbit/s)
+            self.levels += [f"hier_topk@{d:g}" if hier else f"topk@{d:g}" for d in ladder]
+        # per bucket (its parameters' names): (offset in the bucket, fp32 error-feedback residual, the
+        # parameters' sizes) of this rank's shard at the hier_topk levels (of the node's sum: the L ranks of a
+        # node hold disjoint shards)
+        self.shard_residuals: dict[tuple[str, ...], tuple[int, torch.Tensor, tuple[int, ...]]] = {}
         self.start = str(opts.pop("start", self.levels[0]))
         if self.start not in self.levels:
             raise ValueError(f"adaptive: start must be one of {self.levels}, got {self.start!r}")
-        # comm-tiny, 300 steps, 1 Gbit/s, AdamW (bench/comm.py part 3): with a bound of 8 it went to top-k
-        # 1 % then 0.1 % for the last 200 steps, +2.5 % loss vs dense; with 2 it kept fp16, -0.2 %
-        self.residual_bound = float(opts.pop("residual_bound", 2.0))
+        # comm-tiny, 300 steps, 1 Gbit/s, AdamW (bench/comm.py part 3), before the bound scaled with the
+        # density: a bound of 8 went to top-k 1 % then 0.1 % for the last 200 steps, +2.5 % loss vs dense; 2
+        # kept fp16, -0.2 %. Scaled (2 at 10 % = 6.3 at 1 %) it still backed the 20.7M model's buckets off
+        # 1 % at 0.5 Gbit/s (ratios 7-8 there: the steady state of the fixed hierarchical top-k, the fastest
+        # method on that link); 4 at 10 % (12.6 at 1 %) kept them there, and comm-tiny's 300-step loss was
+        # -0.7 % vs dense (-0.6 % with 0.1 % in the ladder)
+        self.residual_bound = float(opts.pop("residual_bound", 4.0))
+        self.persist = int(opts.pop("persist", 2))
+        self.bound_scaling = _bool(opts.pop("bound_scaling", True))
         self.exposed_high = float(opts.pop("exposed_high", 0.05))
         self.margin = float(opts.pop("margin", 0.05))
         self.tolerance = float(opts.pop("tolerance", 0.02))
@@ -199,8 +282,8 @@ class AdaptiveState(CompressionState):
             raise ValueError(f"adaptive: unknown options {sorted(opts)}")
         if self.residual_bound <= 0 or min(self.exposed_high, self.margin, self.tolerance) < 0:
             raise ValueError("adaptive: residual_bound must be > 0; exposed_high, margin, tolerance >= 0")
-        if self.dwell < 1 or self.cooldown < 0 or self.revisit < 0:
-            raise ValueError("adaptive: dwell must be >= 1, cooldown and revisit >= 0")
+        if self.dwell < 1 or self.persist < 1 or self.cooldown < 0 or self.revisit < 0:
+            raise ValueError("adaptive: dwell and persist must be >= 1, cooldown and revisit >= 0")
         if not 0.0 <= self.momentum < 1.0 or self.clip_norm < 0:
             raise ValueError("adaptive: momentum must be in [0, 1) and clip_norm >= 0")
         self.momentum_buffers = ResidualStore() if self.momentum > 0 else None
@@ -210,6 +293,7 @@ class AdaptiveState(CompressionState):
         self.last_switch: dict[str, int] = {}
         self.banned: dict[str, tuple[int, int]] = {}
         self.backoffs: dict[str, int] = {}
+        self.over_bound: dict[str, int] = {}  # consecutive decisions its residual was over the bound
         self.left: dict[str, tuple[int, int]] = {}  # parameter name -> (level index it left, at step)
         self._steps_seen = 0  # steps measured since this state was built or loaded
         self.switches: list[dict] = []
@@ -220,11 +304,40 @@ class AdaptiveState(CompressionState):
             "dense": 0.0,
             "fp16": FP16_CODEC_S_PER_ELEMENT,
             "topk": TOPK_CODEC_S_PER_ELEMENT,
+            "hier": FP16_CODEC_S_PER_ELEMENT,  # the hook's 1/W scaling pass; the stages run elsewhere
         }
         self.codec_measured: set[str] = set()
         self.last_decision: dict = {}
         self._current: _StepRecord | None = None
         self._previous: _StepRecord | None = None
+
+    def _hierarchy_unavailable(self, ranks_per_node) -> str | None:
+        """Why the ``hier`` levels cannot run in this group (``None``: they can). Every rank answers the
+        same: every data-parallel group of the world has the same shape."""
+        if ranks_per_node is None:
+            return "no ranks_per_node (the node layout) was given"
+        members = (
+            dist.get_process_group_ranks(self.process_group)
+            if self.process_group is not None
+            else list(range(dist.get_world_size()))
+        )
+        try:
+            nodes, _ = split_by_node(members, int(ranks_per_node))
+        except ValueError as exc:
+            return str(exc)
+        if len(nodes) < 2:
+            return "the data-parallel group is on one node: nothing crosses nodes"
+        if len(nodes[0]) < 2:
+            return (
+                f"the data-parallel group has one rank on each of its {len(nodes)} nodes: the hierarchy "
+                "would be the flat all-reduce"
+            )
+        return None
+
+    def close(self) -> None:
+        """Stop the hierarchy's stage threads (after the last backward)."""
+        if self.hierarchy is not None:
+            self.hierarchy.close()
 
     # ------------------------------------------------------------------------------------ bookkeeping
 
@@ -241,9 +354,88 @@ class AdaptiveState(CompressionState):
             return ring_all_reduce_wire_bytes(4 * n, w)
         if level == "fp16":
             return ring_all_reduce_wire_bytes(2 * n, w)
+        if level.startswith("hier"):
+            h = self.hierarchy
+            local = h.ranks_per_node_in_group
+            intra = 0 if h.shm is not None else 2 * (local - 1) * 4 * math.ceil(n / local)
+            return intra + self._inter_node_bytes(n, level)
         entry = 4 + torch.finfo(self.value_dtype).bits // 8
         k = sum(native_ops.k_for_density(size, _density(level)) for size in sizes)
         return all_gather_wire_bytes(k * entry, w)
+
+    def _shard_k(self, n: int, level: str) -> int | None:
+        """Top-k count of this rank's shard at a ``hier_topk`` level; ``None`` where the dense shard
+        all-reduce moves fewer bytes (as the ``hierarchical`` hook decides)."""
+        h = self.hierarchy
+        shard = math.ceil(n / h.ranks_per_node_in_group)
+        k = native_ops.k_for_density(shard, _density(level))
+        return k if k * self._entry_bytes() * h.nodes_in_group < 8 * shard else None
+
+    def _entry_bytes(self) -> int:
+        return 4 + torch.finfo(self.value_dtype).bits // 8
+
+    def _inter_node_bytes(self, n: int, level: str) -> int:
+        """Bytes one rank sends across nodes for a bucket of ``n`` elements at a ``hier`` level."""
+        h = self.hierarchy
+        shard = math.ceil(n / h.ranks_per_node_in_group)
+        k = self._shard_k(n, level) if "@" in level else None
+        if k is None:
+            return ring_all_reduce_wire_bytes(4 * shard, h.nodes_in_group)
+        return all_gather_wire_bytes(k * self._entry_bytes(), h.nodes_in_group)
+
+    def _shard_residual(
+        self, names: tuple[str, ...], sizes: tuple[int, ...], residual: torch.Tensor, level: str
+    ) -> tuple[int, torch.Tensor, tuple[int, ...]] | None:
+        """(offset, residual, parameter sizes) of this rank's shard of the bucket at a ``hier_topk`` level
+        (made on first use), else ``None``. A stored shard residual this exchange does not continue is
+        first handed back: one of this bucket (another level, or another shard after a resume elsewhere) is
+        added into the flat ``residual`` at its offset, which the exchange then sends or keeps feeding back;
+        one of a bucket DDP has since re-bucketed goes to its parameters' flat residuals. Nothing withheld is
+        lost."""
+        for other in [k for k in self.shard_residuals if k != names and set(k) & set(names)]:
+            self._release_by_parameter(other)
+        n = residual.numel()
+        want = None
+        if level.startswith("hier_topk"):
+            h = self.hierarchy
+            shard_len = math.ceil(n / h.ranks_per_node_in_group)
+            want = (dist.get_rank(h.intra_group) * shard_len, shard_len)
+        stored = self.shard_residuals.get(names)
+        if stored is not None and (
+            want is None or (stored[0], stored[1].numel()) != want or stored[1].device != residual.device
+        ):
+            offset, r, _ = self.shard_residuals.pop(names)
+            valid = max(0, min(r.numel(), n - offset))
+            residual[offset : offset + valid] += r[:valid].to(residual.device)
+            stored = None
+        if want is None:
+            return None
+        if stored is None:
+            r = torch.zeros(want[1], dtype=torch.float32, device=residual.device)
+            stored = self.shard_residuals[names] = (want[0], r, sizes)
+        return stored
+
+    def _release_by_parameter(self, names: tuple[str, ...]) -> None:
+        """Hand a shard residual of an old bucket of ``names`` back to its parameters' flat residuals (DDP
+        rebuilt its buckets: the old offsets only mean something per parameter)."""
+        offset, r, sizes = self.shard_residuals.pop(names)
+        if len(sizes) != len(names):  # not one slice per parameter: no way to split it
+            log.warning("adaptive: bucket of %s changed; its shard residual is dropped", names[0])
+            return
+        start = 0
+        for name, size in zip(names, sizes, strict=True):
+            lo, hi = max(start, offset), min(start + size, offset + r.numel())
+            if lo < hi:
+                self.residuals.add_to_parameter(name, size, lo - start, r[lo - offset : hi - offset])
+            start += size
+
+    def link_bytes(self, sizes: tuple[int, ...], level: str) -> int:
+        """Bytes a bucket at ``level`` puts on its node's uplink (the link the model queues transfers on):
+        a flat collective's per-rank wire bytes (one ring edge leaves each node), or the L ranks' shards
+        of a node at a ``hier`` level."""
+        if level.startswith("hier"):
+            return self.hierarchy.ranks_per_node_in_group * self._inter_node_bytes(sum(sizes), level)
+        return self.wire_bytes(sizes, level)
 
     def comm_stats(self) -> dict[str, float]:
         out = super().comm_stats()
@@ -266,35 +458,63 @@ class AdaptiveState(CompressionState):
                 "last_switch": dict(self.last_switch),
                 "banned": {k: list(v) for k, v in self.banned.items()},
                 "backoffs": dict(self.backoffs),
+                "over_bound": dict(self.over_bound),
                 "left": {k: list(v) for k, v in self.left.items()},
                 "switches": [dict(s) for s in self.switches],
                 "throughput": dict(self.throughput),
                 "overhead_s": dict(self.overhead_s),
                 "codec_s": dict(self.codec_s),
                 "codec_measured": sorted(self.codec_measured),
+                "shard_residuals": {
+                    "\n".join(k): [o, r.clone(), list(sizes)]
+                    for k, (o, r, sizes) in self.shard_residuals.items()
+                },
             },
         }
 
+    def _resumed_level(self, level: str) -> str:
+        """A checkpoint's level here: itself, else its twin on this run's route (flat where it has no
+        hierarchy, hierarchical where it has one)."""
+        if level in self.levels:
+            return level
+        if self.hierarchy is None:
+            return _flat_twin(level)
+        return f"hier_{level}" if level.startswith("topk@") else level
+
     def load_state_dict(self, state: dict) -> None:
         a = state.get("adaptive", {})
-        unknown = {lvl for lvl in a.get("level_of", {}).values() if lvl not in self.levels}
+        level_of = {n: self._resumed_level(lvl) for n, lvl in a.get("level_of", {}).items()}
+        unknown = {lvl for lvl in level_of.values() if lvl not in self.levels}
         if unknown:
             raise ValueError(
                 f"adaptive: the checkpoint uses levels {sorted(unknown)} that this job's options do not offer "
                 f"({', '.join(self.levels)}); resume with the same ladder and levels"
             )
         super().load_state_dict(state)
-        self.level_of = dict(a.get("level_of", {}))
+        # bans and levels left are stored as indices of the checkpoint's level list: carried over by name
+        old_levels = list(a.get("levels", self.levels))
+
+        def index(i) -> int:
+            return self.levels.index(self._resumed_level(old_levels[int(i)]))
+
+        self.level_of = level_of
         self.last_switch = {k: int(v) for k, v in a.get("last_switch", {}).items()}
-        self.banned = {k: (int(v[0]), int(v[1])) for k, v in a.get("banned", {}).items()}
+        self.banned = {k: (index(v[0]), int(v[1])) for k, v in a.get("banned", {}).items()}
         self.backoffs = {k: int(v) for k, v in a.get("backoffs", {}).items()}
+        self.over_bound = {k: int(v) for k, v in a.get("over_bound", {}).items()}
+        # kept whatever the hierarchy is now: one whose shard no longer matches is flushed into the flat
+        # residual at its offset by the bucket's next exchange (each still counted once over the group)
+        self.shard_residuals = {
+            tuple(k.split("\n")): (int(v[0]), v[1].clone(), tuple(int(x) for x in v[2]))
+            for k, v in a.get("shard_residuals", {}).items()
+        }
         self.switches = [dict(s) for s in a.get("switches", [])]
         self._published = len(self.switches)  # the run that recorded them published them
         self.throughput = {k: float(v) for k, v in a.get("throughput", {}).items()}
         self.overhead_s = {k: float(v) for k, v in a.get("overhead_s", {}).items()}
         self.codec_s.update({k: float(v) for k, v in a.get("codec_s", {}).items()})
         self.codec_measured = set(a.get("codec_measured", []))
-        self.left = {k: (int(v[0]), int(v[1])) for k, v in a.get("left", {}).items()}
+        self.left = {k: (index(v[0]), int(v[1])) for k, v in a.get("left", {}).items()}
         self._current = self._previous = None
         self._steps_seen = 0
 
@@ -353,12 +573,16 @@ class AdaptiveState(CompressionState):
             if wire > 0 and secs > 0 and (family == "allreduce" or "link" not in self.throughput):
                 self.throughput["link"] = ema(self.throughput.get("link"), wire / secs)
         link = self.throughput.get("link")
-        for family in ("allreduce", "allgather"):
-            extra = (
-                [max(0.0, t - w / link) for b, t, w, _ in rows if _family(b.level) == family] if link else []
-            )
-            if extra:
-                self.overhead_s[family] = ema(self.overhead_s.get(family), sum(extra) / len(extra))
+        for family in FAMILIES:
+            mine = [(b, t) for b, t, _, _ in rows if _family(b.level) == family] if link else []
+            if not mine:
+                continue
+            extra = [max(0.0, t - self.link_bytes(b.sizes, b.level) / link) for b, t in mine]
+            if family in HIER_FAMILIES:  # grows with the bucket: per element
+                new = sum(extra) / max(1, sum(b.elements for b, _ in mine))
+            else:
+                new = sum(extra) / len(extra)
+            self.overhead_s[family] = ema(self.overhead_s.get(family), new)
         by_kind: dict[str, list[float]] = {}
         for b, _, _, sync in rows:
             k = by_kind.setdefault(_kind(b.level), [0.0, 0.0])
@@ -383,9 +607,40 @@ class AdaptiveState(CompressionState):
             cursor += gap + codec
             hooks += codec
             link = self.throughput.get("link")
-            wire_s = self.wire_bytes(b.sizes, level) / link if link else 0.0
-            link_free = max(link_free, cursor) + self.overhead_s.get(_family(level), 0.0) + wire_s
+            wire_s = self.link_bytes(b.sizes, level) / link if link else 0.0
+            link_free = max(link_free, cursor) + self.fixed_s(level, b.elements) + wire_s
         return hooks + max(0.0, link_free - cursor)
+
+    def bound(self, level: str) -> float:
+        """The residual bound at ``level``: ``residual_bound`` at 10 % density, x sqrt(0.1 / density) below
+        it with ``bound_scaling`` on. Error feedback holds back what ~1/density steps did not send; for
+        gradients that vary from step to step that sum grows like a random walk, sqrt(1/density) gradient
+        norms, so a bound fixed across the ladder would call every sparse level's steady state growth
+        (measured, 20.7M model, 0.5 Gbit/s: 0.7-1.4 at 10 %, 2-9 at 1 %)."""
+        d = _density(level)
+        if not self.bound_scaling or d >= 0.1:
+            return self.residual_bound
+        return self.residual_bound * math.sqrt(0.1 / d)
+
+    def denser(self, level: str) -> str:
+        """Where a residual back-off goes from ``level``: the sparsest level of higher density on the same
+        route (flat or through the hierarchy), else the sparsest of higher density."""
+        before = [lvl for lvl in self.levels[: self.levels.index(level)] if _density(lvl) > _density(level)]
+        hier = level.startswith("hier")
+        same = [lvl for lvl in before if lvl.startswith("hier") == hier]
+        return (same or before or [self.levels[0]])[-1]
+
+    def fixed_s(self, level: str, elements: int) -> float:
+        """A transfer's cost beyond its uplink bytes at the measured rate: the family's measured fixed
+        seconds per bucket (flat), or per element x elements (hierarchical); before it is measured, 0 for
+        the flat families and the constants above for the hierarchical ones."""
+        family = _family(level)
+        if family not in HIER_FAMILIES:
+            return self.overhead_s.get(family, 0.0)
+        prior = HIER_S_PER_ELEMENT
+        if family == "hier_allgather":
+            prior += TOPK_CODEC_S_PER_ELEMENT / self.hierarchy.ranks_per_node_in_group
+        return self.overhead_s.get(family, prior) * elements
 
     # ------------------------------------------------------------------------------------- decision
 
@@ -411,16 +666,28 @@ class AdaptiveState(CompressionState):
 
         for i, level in enumerate(levels):  # rule 1: back off where the residual grew past the bound
             ratio = m.residual_ratio(i)
-            if level.startswith("topk") and ratio > self.residual_bound and self.levels.index(level) > 0:
-                chosen[i] = self.levels[self.levels.index(level) - 1]
+            bound = self.bound(level)
+            over = _sparse(level) and ratio > bound and self.levels.index(level) > 0
+            last = max(self.last_switch.get(n, -(10**9)) for n in names[i])
+            if over and not (self.persist > 1 and self.step - last <= 1):
+                count = max(self.over_bound.get(n, 0) for n in names[i]) + 1
+            else:
+                count = 0
+            for n in names[i]:
+                self.over_bound[n] = count
+            if over and count >= self.persist:
+                for n in names[i]:
+                    self.over_bound[n] = 0
+                chosen[i] = self.denser(level)
                 count = max(self.backoffs.get(n, 0) for n in names[i])
                 until = self.step + self.cooldown * 2**count
                 for n in names[i]:
                     self.backoffs[n] = count + 1
                     self.banned[n] = (self.levels.index(level), until)
                 reasons[i] = (
-                    f"residual norm {ratio:.2f}x the gradient's > bound {self.residual_bound:g}: back off "
-                    f"(no {level} before step {until})"
+                    f"residual norm {ratio:.2f}x the gradient's > bound {bound:.3g}"
+                    + (f" at {self.persist} decisions in a row" if self.persist > 1 else "")
+                    + f": back off (no {level} before step {until})"
                 )
         before = self.predict(m, buckets, chosen)
         order = sorted(range(len(buckets)), key=lambda i: -buckets[i].elements)
@@ -447,7 +714,7 @@ class AdaptiveState(CompressionState):
                     sparser_blocked = (
                         exposed_share <= self.exposed_high
                         or j >= limit
-                        or (chosen[i].startswith("topk") and ratio > self.residual_bound / 2)
+                        or (_sparse(chosen[i]) and ratio > self.bound(chosen[i]) / 2)
                     )
                     if j > current and sparser_blocked:
                         continue  # rule 2's gates
@@ -532,7 +799,18 @@ def adaptive_hook(state: AdaptiveState, bucket):
     residual = state.residuals.for_bucket(bucket)
     velocity = state.momentum_buffers.for_bucket(bucket) if state.momentum_buffers is not None else None
 
-    if level.startswith("topk"):
+    # hands back a shard residual this level does not continue
+    shard = state._shard_residual(names, record.sizes, residual, level)
+    if level.startswith("hier") and velocity is not None:
+        velocity.zero_()  # DGC's momentum accumulates at the flat top-k levels only
+    if shard is not None:  # hier_topk
+        fut, payload = _hier_topk(state, buf, residual, shard, record)
+    elif level == "hier":
+        buf.div_(w).add_(residual)  # as plain DDP: average = sum / W; plus what a top-k level withheld
+        residual.zero_()
+        fut = state.hierarchy.submit_pipelined(buf, None, bucket.index())
+        payload = state._inter_node_bytes(n, level) + (0 if state.hierarchy.shm is not None else 4 * n)
+    elif level.startswith("topk"):
         ks = [native_ops.k_for_density(size, _density(level)) for size in record.sizes]
         payload = sum(ks) * (4 + torch.finfo(state.value_dtype).bits // 8)
 
@@ -558,6 +836,10 @@ def adaptive_hook(state: AdaptiveState, bucket):
                 return buf
 
             fut = work.get_future().then(decode)
+    if state.hierarchy is not None:  # what this rank puts into collectives that cross nodes
+        stats.add(
+            "inter_node_bytes", state._inter_node_bytes(n, level) if level.startswith("hier") else payload
+        )
     wire = state.wire_bytes(record.sizes, level)
     record.wire_bytes = wire
     record.t_launched = time.perf_counter()
@@ -572,3 +854,29 @@ def adaptive_hook(state: AdaptiveState, bucket):
 
     state._end_of_bucket(bucket)
     return fut.then(done)
+
+
+def _hier_topk(state: AdaptiveState, buf, residual, shard, record) -> tuple[torch.futures.Future, int]:
+    """A ``hier_topk`` bucket: scale by 1/W and flush the flat residual into it, then through the node
+    hierarchy with top-k + error feedback of this rank's (node-summed) shard across nodes. Returns the
+    future and the bytes this rank sends (its shard's top-k message; the intra-node stages in shared memory
+    or, without it, the fp32 bucket through gloo)."""
+    n, w = buf.numel(), state.world_size
+    shard_residual = shard[1]
+    k = state._shard_k(n, record.level)
+    buf.div_(w).add_(residual)
+    residual.zero_()
+
+    def inter_stage(piece: torch.Tensor) -> None:  # on the hierarchy's inter-node thread
+        record.grad_sq = float(torch.linalg.vector_norm(piece, dtype=torch.float32)) ** 2
+        if k is None:  # the dense shard all-reduce moves fewer bytes: error feedback flushed into it
+            piece.add_(shard_residual)
+            shard_residual.zero_()
+            dist.all_reduce(piece, group=state.hierarchy.inter_group)
+        else:
+            sparse_all_reduce(piece, shard_residual, k, state.value_dtype, state.hierarchy.inter_group)
+        record.residual_sq = float(torch.linalg.vector_norm(shard_residual)) ** 2
+
+    fut = state.hierarchy.submit_pipelined(buf, inter_stage, record.index)
+    intra = 0 if state.hierarchy.shm is not None else 4 * n
+    return fut, intra + state._inter_node_bytes(n, record.level)

@@ -116,9 +116,9 @@ def method_hook(
         "sign_ef": "sign_ef",
         "hierarchical": f"hierarchical:ranks_per_node={ranks_per_node}",
         "hierarchical_topk": f"hierarchical:ranks_per_node={ranks_per_node},inter_node=topk,{topk}",
-        # per bucket dense / fp16 / top-k 10-1-0.1 % from what each step measured (comm/adaptive.py); top-k
-        # levels clip like topk_ef
-        "adaptive": f"adaptive:clip_norm={TOPK_CLIP_NORM}",
+        # per bucket dense / fp16 / top-k 10-1-0.1 %, flat or through the node hierarchy, from what each step
+        # measured (comm/adaptive.py); flat top-k levels clip like topk_ef
+        "adaptive": f"adaptive:ranks_per_node={ranks_per_node},clip_norm={TOPK_CLIP_NORM}",
     }
     if method not in specs:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(specs)}")
@@ -228,16 +228,17 @@ def layout_strategy(strategy: dict, world_size: int, micro_batch_size: int = 1) 
 
 
 def method_layout(method: str, strategy: dict) -> tuple[dict, str]:
-    """The strategy ``method`` runs under, and a note when it is not ``strategy`` itself: powerSGD has no
-    FSDP2 reduce-scatter form (``workers.training.comm.fsdp_comm.FSDP_REFUSED``), so under ZeRO-1/2/3 it is
-    refused and its closest alternative runs: powerSGD under ZeRO-0 with the same tp/pp/cp."""
-    from workers.training.comm_methods import FSDP_HOOK_NAMES
+    """The strategy ``method`` runs under, and a note when it is not ``strategy`` itself: powerSGD and
+    adaptive have no FSDP2 reduce-scatter form (``workers.training.comm_methods.FSDP_REFUSED``), so under
+    ZeRO-1/2/3 each is refused and its closest alternative runs: the method under ZeRO-0 with the same
+    tp/pp/cp."""
+    from workers.training.comm_methods import FSDP_HOOK_NAMES, FSDP_REFUSED
 
     hook = method_hook(method, ranks_per_node=1, density=0.01).partition(":")[0]
     if strategy.get("zero_stage", 0) and hook not in FSDP_HOOK_NAMES:
+        why = FSDP_REFUSED.get(hook, "it has no FSDP2 reduce-scatter form")
         return {**strategy, "zero_stage": 0}, (
-            f"{method} refused under zero_stage {strategy['zero_stage']}: it all-reduces low-rank factors of "
-            "whole gradient matrices, FSDP2's reduce-scatter sees flat shards; ran its closest alternative, "
+            f"{method} refused under zero_stage {strategy['zero_stage']} ({why}); ran its closest alternative, "
             f"{method} under zero_stage 0 with the same tp/pp/cp"
         )
     return strategy, ""
@@ -389,6 +390,7 @@ def method_row(summary: dict) -> dict:
     """The per-method figures of the comparison (rank 0's). Step time is the median of the steps after
     the first: robust to other load on a shared machine (the mean is kept beside it)."""
     step_time = statistics.median(summary["step_times_s"][1:] or summary["step_times_s"])
+    times = summary["step_times_s"]
     return {
         "hook": summary.get("comm_hook"),
         "bytes_per_rank_per_step": int(summary.get("comm_bytes_last", 0)),
@@ -397,6 +399,9 @@ def method_row(summary: dict) -> dict:
         "comm_s_exposed": round(summary.get("comm_s_exposed", 0.0), 4),
         "step_time_s": round(step_time, 4),
         "step_time_mean_s": round(summary["step_time_s"], 4),
+        # the second half of the steps: a method that measures before it settles (adaptive) in its steady
+        # state, the first steps' exploration left out
+        "step_time_steady_s": round(statistics.median(times[len(times) // 2 :] or times), 4),
         "tokens_per_s": round(summary["tokens_per_step"] / step_time, 1),
         "loss_first": round(summary["loss_first"], 4),
         "loss_last": round(summary["loss_last"], 4),
@@ -719,10 +724,16 @@ def format_table(c: Comparison) -> str:
     for name, r in c.methods.items():
         if r.get("note"):
             lines.append(f"{name}: {r['note']}")
+    for name, r in c.methods.items():
+        if "inter_node_bytes" in r:
+            lines.append(
+                f"{name}: {_mb(r['inter_node_bytes'])} per rank per step cross nodes (mean of the timed steps)"
+            )
     lines.append(
-        "bytes: gradient payload rank 0 put into collectives in the last step (indices+values+scales); "
+        "bytes: gradient payload rank 0 put into collectives in the last step (indices+values+scales; "
+        "a hierarchical stage inside a node counts unless it runs in shared memory: DDP buckets on CPU); "
         "comm: sum over buckets of hook->done (total) and the part not hidden under backward (exposed); "
-        "loss*: mean of the last 10 steps (hierarchical: bytes crossing nodes; intra-node via shared memory)."
+        "loss*: mean of the last 10 steps."
     )
     if c.methods:
         rec = recommend(c.methods)

@@ -130,6 +130,22 @@ class ResidualStore:
         self._buckets[bucket.index()] = _BucketResidual(keys, sizes, flat)
         return flat
 
+    def add_to_parameter(self, key: str, size: int, start: int, values: torch.Tensor) -> None:
+        """Add ``values`` to the residual of parameter ``key`` (``size`` elements) from element ``start``:
+        in its bucket's flat residual if it has one now, else in its loose piece (taken up when its bucket
+        is built). For residuals kept outside this store (the adaptive hook's shard residuals) whose
+        bucket DDP re-bucketed."""
+        for entry in self._buckets.values():
+            if key in entry.keys:
+                j = entry.keys.index(key)
+                base = sum(entry.sizes[:j]) + start
+                entry.flat[base : base + values.numel()] += values.to(entry.flat.device)
+                return
+        piece = self._loose.get(key)
+        if piece is None or piece.numel() != size:
+            piece = self._loose[key] = torch.zeros(size, dtype=torch.float32, device=values.device)
+        piece[start : start + values.numel()] += values.to(piece.device)
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         out = {k: v.clone() for k, v in self._loose.items()}
         for entry in self._buckets.values():
@@ -210,45 +226,29 @@ def _bool(value) -> bool:
     return bool(value)
 
 
-class TopKState(CompressionState):
-    """State of ``topk_ef``. Options: ``density`` (target, default 0.01), ``warmup_steps`` (0),
-    ``start_density`` (1.0 = dense), ``warmup`` (``linear``|``exponential``: DGC's schedule),
-    ``value_dtype`` (``fp16``|``bf16``|``fp32``), ``dense_fallback`` (True: all-reduce densely when that
-    puts fewer bytes on the wire), and Deep Gradient Compression's (Lin et al. 2018, sec. 3.2)
-    ``momentum`` (0 = off: momentum correction, accumulate ``u = m*u + g`` locally and sparsify the
-    accumulated velocity instead of the gradient), ``momentum_masking`` (True: zero ``u`` where sent) and
-    ``clip_norm`` (0 = off: local gradient clipping of each parameter's local gradient to
-    ``clip_norm * W**-0.5`` before it enters the residual)."""
+class DensitySchedule:
+    """The top-k density warm-up of a hook state (``topk_ef``'s DDP hook, the FSDP2 reduce-scatter of
+    ``topk_ef`` and of ``hierarchical`` with top-k across nodes). :meth:`_parse_schedule` pops its
+    options: ``density`` (target, default 0.01), ``warmup_steps``, ``start_density``, ``warmup``
+    (``linear``|``exponential``). Without ``warmup_steps``, DGC's exponential warm-up from 25 % over the
+    job's first steps, once the runtime says how many (:meth:`plan_for_job`); an explicit
+    ``warmup_steps`` (0 = off) keeps the linear-from-dense defaults. The state keeps a ``step`` counter."""
 
-    def __init__(self, process_group, options: dict | None = None) -> None:
-        super().__init__(process_group)
-        opts = dict(options or {})
+    def _parse_schedule(self, opts: dict, name: str) -> None:
         self.density = float(opts.pop("density", 0.01))
         warmup_steps, warmup, start = (opts.pop(k, None) for k in ("warmup_steps", "warmup", "start_density"))
-        # no warmup_steps: DGC's exponential warm-up over the job's first steps, once the runtime says how
-        # many (plan_for_job); an explicit warmup_steps (0 = off) keeps the linear-from-dense defaults
         self.warmup_auto = warmup_steps is None
         self.warmup_steps = 0 if warmup_steps is None else int(warmup_steps)
         self.warmup = str(warmup if warmup is not None else "exponential" if self.warmup_auto else "linear")
         default_start = DGC_WARMUP_START_DENSITY if self.warmup_auto else 1.0
         self.start_density = float(start if start is not None else max(default_start, self.density))
-        self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
-        self.dense_fallback = _bool(opts.pop("dense_fallback", True))
-        self.momentum = float(opts.pop("momentum", 0.0))
-        self.momentum_masking = _bool(opts.pop("momentum_masking", True))
-        self.clip_norm = float(opts.pop("clip_norm", 0.0))
-        if opts:
-            raise ValueError(f"topk_ef: unknown options {sorted(opts)}")
         for d in (self.density, self.start_density):
             if not 0.0 < d <= 1.0:
-                raise ValueError(f"topk_ef: densities must be in (0, 1], got {d}")
+                raise ValueError(f"{name}: densities must be in (0, 1], got {d}")
         if self.warmup not in WARMUP_SCHEDULES:
-            raise ValueError(f"topk_ef: warmup must be one of {sorted(WARMUP_SCHEDULES)}")
+            raise ValueError(f"{name}: warmup must be one of {sorted(WARMUP_SCHEDULES)}")
         if self.warmup_steps < 0:
-            raise ValueError(f"topk_ef: warmup_steps must be >= 0 (0 = no warm-up), got {self.warmup_steps}")
-        if not 0.0 <= self.momentum < 1.0 or self.clip_norm < 0:
-            raise ValueError("topk_ef: momentum must be in [0, 1) and clip_norm >= 0")
-        self.momentum_buffers = ResidualStore() if self.momentum > 0 else None
+            raise ValueError(f"{name}: warmup_steps must be >= 0 (0 = no warm-up), got {self.warmup_steps}")
 
     def current_density(self) -> float:
         return WARMUP_SCHEDULES[self.warmup](
@@ -270,6 +270,39 @@ class TopKState(CompressionState):
             "auto": self.warmup_auto,
         }
 
+    def _load_schedule(self, saved: dict | None) -> None:
+        """A resumed job continues the schedule it started with (a default warm-up keeps the length it was
+        planned with, even if this run was told another step count)."""
+        if saved and self.warmup_auto and saved.get("auto", True):
+            self.warmup_steps = int(saved["warmup_steps"])
+            self.start_density = float(saved["start_density"])
+            self.warmup = str(saved["warmup"])
+
+
+class TopKState(DensitySchedule, CompressionState):
+    """State of ``topk_ef``. Options: the schedule's (:class:`DensitySchedule`: ``density``,
+    ``warmup_steps``, ``start_density``, ``warmup``), ``value_dtype`` (``fp16``|``bf16``|``fp32``),
+    ``dense_fallback`` (True: all-reduce densely when that puts fewer bytes on the wire), and Deep Gradient
+    Compression's (Lin et al. 2018, sec. 3.2) ``momentum`` (0 = off: momentum correction, accumulate
+    ``u = m*u + g`` locally and sparsify the accumulated velocity instead of the gradient),
+    ``momentum_masking`` (True: zero ``u`` where sent) and ``clip_norm`` (0 = off: local gradient clipping
+    of each parameter's local gradient to ``clip_norm * W**-0.5`` before it enters the residual)."""
+
+    def __init__(self, process_group, options: dict | None = None) -> None:
+        super().__init__(process_group)
+        opts = dict(options or {})
+        self._parse_schedule(opts, "topk_ef")
+        self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
+        self.dense_fallback = _bool(opts.pop("dense_fallback", True))
+        self.momentum = float(opts.pop("momentum", 0.0))
+        self.momentum_masking = _bool(opts.pop("momentum_masking", True))
+        self.clip_norm = float(opts.pop("clip_norm", 0.0))
+        if opts:
+            raise ValueError(f"topk_ef: unknown options {sorted(opts)}")
+        if not 0.0 <= self.momentum < 1.0 or self.clip_norm < 0:
+            raise ValueError("topk_ef: momentum must be in [0, 1) and clip_norm >= 0")
+        self.momentum_buffers = ResidualStore() if self.momentum > 0 else None
+
     def comm_stats(self) -> dict[str, float]:
         out = super().comm_stats()
         out["density"] = density_of(out)
@@ -279,14 +312,8 @@ class TopKState(CompressionState):
         return {**super().state_dict(), "schedule": self.schedule()}
 
     def load_state_dict(self, state: dict) -> None:
-        """A resumed job continues the schedule it started with (the step counter comes back, and a default
-        warm-up keeps the length it was planned with, even if this run was told another step count)."""
         super().load_state_dict(state)
-        saved = state.get("schedule")
-        if saved and self.warmup_auto and saved.get("auto", True):
-            self.warmup_steps = int(saved["warmup_steps"])
-            self.start_density = float(saved["start_density"])
-            self.warmup = str(saved["warmup"])
+        self._load_schedule(state.get("schedule"))
 
 
 def density_of(figures: dict) -> float:

@@ -39,21 +39,14 @@ from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 import native_ops
-from workers.training.comm.compression import VALUE_DTYPES, linear_density, local_tensor
+from workers.training.comm.compression import VALUE_DTYPES, DensitySchedule, density_of, local_tensor
 from workers.training.comm.hierarchical import _my_group, spans_world, split_by_node, subgroup_node_lists
 from workers.training.comm.stats import CommStats, timed
-from workers.training.comm_methods import FSDP_HOOK_NAMES
+from workers.training.comm_methods import FSDP_HOOK_NAMES, FSDP_REFUSED
 
 log = logging.getLogger(__name__)
 
 FSDP_METHODS = FSDP_HOOK_NAMES  # the hooks that have an FSDP2 reduce-scatter form here
-FSDP_REFUSED = {
-    "powerSGD": (
-        "powerSGD all-reduces a low-rank factor pair per gradient matrix; FSDP2's custom reduce-scatter "
-        "(set_custom_reduce_scatter) gets one flat buffer of every parameter's dim-0 shards, without the "
-        "matrices' shapes, and must return this rank's exact shard: use zero_stage 0 (DDP) for powerSGD"
-    )
-}
 
 
 def check_fsdp_method(name: str) -> None:
@@ -90,10 +83,12 @@ def _scale_for(op, group_size: int) -> float:
     raise ValueError(f"custom reduce-scatter: reduce op {op} is not supported (AVG or SUM)")
 
 
-class FsdpCommState:
+class FsdpCommState(DensitySchedule):
     """One model part's reduce-scatter method: the per-step figures (``comm_stats()`` as a DDP hook
     state's), the error-feedback residuals (``state_dict()``), and one :class:`CompressedReduceScatter`
-    per ``fully_shard`` module (its residual is that module's)."""
+    per ``fully_shard`` module (its residual is that module's). Top-k (``topk_ef``, ``hierarchical`` with
+    ``inter_node=topk``) follows the DDP hook's density schedule (:class:`DensitySchedule`: DGC's
+    exponential warm-up over the first half of the job unless ``warmup_steps`` is given)."""
 
     def __init__(self, name: str, process_group: dist.ProcessGroup, options: dict | None = None) -> None:
         check_fsdp_method(name)
@@ -105,9 +100,7 @@ class FsdpCommState:
         self.step = 0
         self.comms: list[CompressedReduceScatter] = []
         self._calls = 0
-        self.density = float(opts.pop("density", 0.01))
-        self.start_density = float(opts.pop("start_density", 1.0))
-        self.warmup_steps = int(opts.pop("warmup_steps", 0))
+        self._parse_schedule(opts, name)
         self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
         self.chunk = int(opts.pop("chunk", 4096))
         if "clip_norm" in opts:
@@ -126,8 +119,6 @@ class FsdpCommState:
             self.inter_topk = inter == "topk"
         if opts:
             raise ValueError(f"{name} (FSDP reduce-scatter): unknown options {sorted(opts)}")
-        if not 0 < self.density <= 1 or not 0 < self.start_density <= 1:
-            raise ValueError("densities must be in (0, 1]")
         if self.chunk <= 0 or self.chunk % 8:
             raise ValueError("sign_ef: chunk must be a positive multiple of 8")
 
@@ -145,17 +136,27 @@ class FsdpCommState:
             return True
         return False
 
+    @property
+    def sparse(self) -> bool:
+        """Whether the method selects top-k (``topk_ef``, ``hierarchical`` with top-k across nodes)."""
+        return self.name == "topk_ef" or (self.hierarchy is not None and self.inter_topk)
+
     def comm_stats(self) -> dict[str, float]:
-        return self.stats.comm_stats()
+        out = self.stats.comm_stats()
+        if self.sparse:
+            out["density"] = density_of(out)
+        return out
 
     def state_dict(self) -> dict:
         return {
             "step": self.step,
             "residuals": {str(c.index): c.residual.clone() for c in self.comms if c.residual is not None},
+            "schedule": self.schedule(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
+        self._load_schedule(state.get("schedule"))
         for c in self.comms:
             saved = state["residuals"].get(str(c.index))
             c.residual = None if saved is None else saved.clone()
@@ -163,11 +164,13 @@ class FsdpCommState:
     def close(self) -> None:
         return None
 
+    def plan_for_job(self, total_steps: int) -> None:
+        """The default warm-up, for the methods that sparsify (the others have no schedule to plan)."""
+        if self.sparse:
+            super().plan_for_job(total_steps)
+
     def k(self, numel: int) -> int:
-        d = linear_density(
-            self.step, target=self.density, start=self.start_density, warmup_steps=self.warmup_steps
-        )
-        return native_ops.k_for_density(numel, d)
+        return native_ops.k_for_density(numel, self.current_density())
 
 
 class NodeHierarchy:
@@ -222,6 +225,8 @@ class CompressedReduceScatter(ReduceScatter):
         timed(st.stats, _Call(last), launch, bytes_sent=payload, wire_bytes=wire, dense_bytes=4 * n)
         for key, value in extra.items():
             st.stats.add(key, value)
+        if st.sparse:  # the share of the gradient selected (the job page's density, the warm-up)
+            st.stats.add("density_elements", st.current_density() * n)
         if last:
             st.step += 1
         return None

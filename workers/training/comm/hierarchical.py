@@ -470,10 +470,12 @@ def hierarchical_hook(state: HierarchicalState, bucket):
             def inter_stage(shard, residual=residual, k=k):
                 sparse_all_reduce(shard, residual, k, sparse.value_dtype, state.inter_group)
 
-    if (
+    if local == 1 or (
         state.shm is not None and buf.device.type == "cpu" and buf.dtype == torch.float32
     ):  # as submit_pipelined
-        intra_bytes = intra_wire = 0  # shared memory: nothing goes through a collective
+        # one rank of the group on this node (nothing to reduce inside it), or shared memory: nothing goes
+        # through an intra-node collective
+        intra_bytes = intra_wire = 0
     else:
         intra_bytes = 4 * shard_len * local
         intra_wire = 2 * (local - 1) * 4 * shard_len  # reduce-scatter + all-gather, ring, per rank

@@ -67,13 +67,13 @@ def resolve_bucket_cap_mb(cfg: JobConfig) -> float | None:
 
 
 def _hook_spec(spec: str, process_group: dist.ProcessGroup) -> tuple[str, dict]:
-    """``(name, options)`` of a comm-hook spec, with ``hierarchical``'s node layout filled in: torchrun's
-    ``LOCAL_WORLD_SIZE`` ranks per node (the ranks of one node are consecutive global ranks), else one
-    node holding the whole world."""
+    """``(name, options)`` of a comm-hook spec, with ``hierarchical``'s and ``adaptive``'s node layout
+    filled in: torchrun's ``LOCAL_WORLD_SIZE`` ranks per node (the ranks of one node are consecutive global
+    ranks), else one node holding the whole world."""
     from workers.training.comm import parse_hook_spec
 
     name, options = parse_hook_spec(spec)
-    if name == "hierarchical" and "ranks_per_node" not in options:
+    if name in ("hierarchical", "adaptive") and "ranks_per_node" not in options:
         options["ranks_per_node"] = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
     return name, options
 
