@@ -17,22 +17,17 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 from datetime import timedelta
 
 import pytest
 import torch
 
+from tests.conftest import free_port
+
 pytestmark = pytest.mark.slow
 
 EAGER = "exposed_high=0,margin=0,tolerance=0,dwell=1,persist=1"
 BOUND = 1e-3  # below any residual/gradient ratio top-k leaves: every top-k step backs off one level
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> torch.nn.Module:
@@ -135,7 +130,7 @@ def ranks(tmp_path_factory):
 
     native_ops.load(build=True)
     out = tmp_path_factory.mktemp("adaptive-hier")
-    mp.spawn(_scenarios, args=(_free_port(), str(out)), nprocs=4, join=True)
+    mp.spawn(_scenarios, args=(free_port(), str(out)), nprocs=4, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(4)]
 
 

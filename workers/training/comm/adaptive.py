@@ -20,9 +20,9 @@ put on the wire, and at top-k levels the gradient's and the residual's norms. Fr
 
 - **achieved link throughput**: wire bytes / transfer seconds of the dense/fp16 all-reduces (large
   messages: bandwidth-bound), a bucket's transfer starting when it is launched *and* the previous
-  bucket's is done (one link, in bucket order, as gloo issues them); and per collective family the fixed
-  cost of a bucket's transfer beyond bytes / link (latency, waiting for the slowest rank) -- small top-k
-  messages are dominated by it. The link is the node's uplink: with node-major ranks one edge of a ring
+  bucket's is done (one link, in bucket order, as gloo issues them); and per collective family (per level
+  for top-k levels) the fixed cost of a bucket's transfer beyond bytes / link (latency, waiting for the
+  slowest rank) -- small top-k messages are dominated by it. The link is the node's uplink: with node-major ranks one edge of a ring
   leaves each node, so a flat collective's per-rank wire bytes are what the uplink carries; a ``hier``
   level's L ranks per node each send their shard's bytes over it at once (L x the per-rank inter-node
   bytes). The hierarchical families' extra cost (the shared-memory stages, the shard's top-k) grows with
@@ -58,6 +58,8 @@ to sparser and to denser levels have different gates, so a bucket does not flap)
 No decision is taken from the first step a state measures (after a start or a resume): DDP's first
 iteration re-buckets and grows its allocations, and its timings mislead (at 10 Gbit/s it sent the
 controller to top-k for two steps; the runtime's step-time summary skips that step for the same reason).
+For the same reason the estimates never learn from a bucket's first step at a new level (first-use costs:
+the hierarchy's shared-memory segments, fresh buffers).
 
 Every rank decides from the same numbers: the measurements are summed over the data-parallel group by one
 all-reduce of ``8 x buckets + 2`` float64 values at the first bucket of each step (every collective of the
@@ -129,6 +131,18 @@ def _kind(level: str) -> str:
     return "topk" if level.startswith("topk") else level
 
 
+def _cost_key(level: str) -> str:
+    """What a transfer's extra cost is learnt under: the family, or for a top-k level the level itself (a
+    larger k costs more per element to select, gather and add: one estimate for 10 % and 1 % made the
+    model call 10 % cheap and keep buckets there, 20.7M model)."""
+    return level if "@" in level else _family(level)
+
+
+def _codec_key(level: str) -> str:
+    """What a level's codec time on the autograd thread is learnt under (a flat top-k level: itself)."""
+    return level if level.startswith("topk@") else _kind(level)
+
+
 def _sparse(level: str) -> bool:
     """Whether the level withholds an error-feedback residual (a top-k level, flat or hierarchical)."""
     return "@" in level
@@ -170,6 +184,7 @@ class _BucketRecord:
     wire_bytes: int = 0
     grad_sq: float = 0.0
     residual_sq: float = 0.0
+    fresh: bool = False  # the bucket's first step at this level (switched at this step's decision)
 
     @property
     def elements(self) -> int:
@@ -299,7 +314,9 @@ class AdaptiveState(CompressionState):
         self.switches: list[dict] = []
         self._published = 0
         self.throughput: dict[str, float] = {}  # "link": achieved wire bytes/s (running estimate)
-        self.overhead_s: dict[str, float] = {}  # collective family -> fixed seconds per bucket transfer
+        # collective family (a top-k level: the level) -> fixed seconds per bucket transfer (hierarchical:
+        # per element)
+        self.overhead_s: dict[str, float] = {}
         self.codec_s: dict[str, float] = {
             "dense": 0.0,
             "fp16": FP16_CODEC_S_PER_ELEMENT,
@@ -566,32 +583,45 @@ class AdaptiveState(CompressionState):
         def ema(old, new):
             return new if old is None else (1 - EMA) * old + EMA * new
 
-        rows = list(zip(buckets, m.transfer_s, m.wire, m.sync_s, strict=True))
+        # not from a bucket's first step at a level: it pays first-use costs (the hierarchy's shared-memory
+        # segments are created and mapped, buffers allocated) that later steps do not -- learnt from it, the
+        # model called hier_topk dear after one step and sent every bucket denser (20.7M model, 1 Gbit/s)
+        rows = [r for r in zip(buckets, m.transfer_s, m.wire, m.sync_s, strict=True) if not r[0].fresh]
         for family in ("allreduce", "allgather"):
             mine = [(w, t) for b, t, w, _ in rows if _family(b.level) == family and t > 0]
             wire, secs = sum(w for w, _ in mine), sum(t for _, t in mine)
             if wire > 0 and secs > 0 and (family == "allreduce" or "link" not in self.throughput):
                 self.throughput["link"] = ema(self.throughput.get("link"), wire / secs)
         link = self.throughput.get("link")
-        for family in FAMILIES:
-            mine = [(b, t) for b, t, _, _ in rows if _family(b.level) == family] if link else []
-            if not mine:
-                continue
+        for key in sorted({_cost_key(b.level) for b, _, _, _ in rows}) if link else ():
+            mine = [(b, t) for b, t, _, _ in rows if _cost_key(b.level) == key]
             extra = [max(0.0, t - self.link_bytes(b.sizes, b.level) / link) for b, t in mine]
-            if family in HIER_FAMILIES:  # grows with the bucket: per element
+            if _family(mine[0][0].level) in HIER_FAMILIES:  # grows with the bucket: per element
                 new = sum(extra) / max(1, sum(b.elements for b, _ in mine))
             else:
                 new = sum(extra) / len(extra)
-            self.overhead_s[family] = ema(self.overhead_s.get(family), new)
+            self.overhead_s[key] = ema(self.overhead_s.get(key), new)
         by_kind: dict[str, list[float]] = {}
         for b, _, _, sync in rows:
-            k = by_kind.setdefault(_kind(b.level), [0.0, 0.0])
+            k = by_kind.setdefault(_codec_key(b.level), [0.0, 0.0])
             k[0], k[1] = k[0] + max(0.0, sync), k[1] + b.elements
         for kind, (secs, elements) in by_kind.items():
             if elements > 0:
                 measured = kind in self.codec_measured
                 self.codec_s[kind] = ema(self.codec_s[kind] if measured else None, secs / elements)
                 self.codec_measured.add(kind)
+
+    def codec(self, level: str) -> float:
+        """Codec seconds per element of ``level`` on the autograd thread: measured at that level, else the
+        prior of its kind (for top-k: ``TOPK_CODEC_S_PER_ELEMENT``, or another measured top-k level's)."""
+        key = _codec_key(level)
+        if key in self.codec_measured:
+            return self.codec_s[key]
+        if level.startswith("topk@"):
+            others = [self.codec_s[k] for k in sorted(self.codec_measured) if k.startswith("topk@")]
+            if others:
+                return sum(others) / len(others)
+        return self.codec_s[_kind(level)]
 
     # --------------------------------------------------------------------------------------- model
 
@@ -603,7 +633,7 @@ class AdaptiveState(CompressionState):
         cursor = link_free = hooks = 0.0
         for i, (b, level) in enumerate(zip(buckets, levels, strict=True)):
             gap = max(0.0, m.enter_s[i] - m.enter_s[i - 1] - m.sync_s[i - 1]) if i else 0.0
-            codec = self.codec_s[_kind(level)] * b.elements
+            codec = self.codec(level) * b.elements
             cursor += gap + codec
             hooks += codec
             link = self.throughput.get("link")
@@ -631,16 +661,21 @@ class AdaptiveState(CompressionState):
         return (same or before or [self.levels[0]])[-1]
 
     def fixed_s(self, level: str, elements: int) -> float:
-        """A transfer's cost beyond its uplink bytes at the measured rate: the family's measured fixed
-        seconds per bucket (flat), or per element x elements (hierarchical); before it is measured, 0 for
-        the flat families and the constants above for the hierarchical ones."""
-        family = _family(level)
-        if family not in HIER_FAMILIES:
-            return self.overhead_s.get(family, 0.0)
-        prior = HIER_S_PER_ELEMENT
-        if family == "hier_allgather":
-            prior += TOPK_CODEC_S_PER_ELEMENT / self.hierarchy.ranks_per_node_in_group
-        return self.overhead_s.get(family, prior) * elements
+        """A transfer's cost beyond its uplink bytes at the measured rate: what was measured under its
+        :func:`_cost_key` (the family, a top-k level itself), fixed seconds per bucket (flat) or per element x
+        elements (hierarchical); before it is measured there, the mean of its family's other measured keys,
+        else 0 for the flat families and the constants above for the hierarchical ones."""
+        family, key = _family(level), _cost_key(level)
+        same = [v for k, v in sorted(self.overhead_s.items()) if _family(k) == family]
+        if key in self.overhead_s:
+            value = self.overhead_s[key]
+        elif same:  # not measured at this level: another level of its family
+            value = sum(same) / len(same)
+        elif family == "hier_allgather":
+            value = HIER_S_PER_ELEMENT + TOPK_CODEC_S_PER_ELEMENT / self.hierarchy.ranks_per_node_in_group
+        else:
+            value = HIER_S_PER_ELEMENT if family == "hier" else 0.0
+        return value * elements if family in HIER_FAMILIES else value
 
     # ------------------------------------------------------------------------------------- decision
 
@@ -792,6 +827,7 @@ def adaptive_hook(state: AdaptiveState, bucket):
         level=level,
         t_enter=t0,
         control_s=control_s,
+        fresh=any(state.last_switch.get(name) == state.step for name in names),
     )
     state._current.buckets.append(record)
     if is_last:
