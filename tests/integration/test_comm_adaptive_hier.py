@@ -116,7 +116,14 @@ def _scenarios(rank: int, port: int, out_dir: str) -> None:
     back = AdaptiveState(None, {"ranks_per_node": 2, "levels": "hier/topk"})
     back.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
     res["flat_to_hier_levels"] = sorted(set(back.level_of.values()))
-    for s in (again, flat, back):
+    # a checkpoint of an older ladder (0.1 % in it) with a ban of that level: resumed, the ban is moot
+    older = dict(saved["adaptive"])
+    older["levels"] = [*older["levels"], "hier_topk@0.001"]
+    older["banned"] = {"0.weight": [len(older["levels"]) - 1, 99], "2.weight": [1, 99]}
+    newer = AdaptiveState(None, {"ranks_per_node": 2, "levels": "hier/topk"})
+    newer.load_state_dict({**saved, "adaptive": older})
+    res["older_ladder_bans"] = {k: newer.levels[i] for k, (i, _) in newer.banned.items()}
+    for s in (again, flat, back, newer):
         s.close()
     dist.destroy_process_group()
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -172,3 +179,8 @@ def test_shard_residuals_round_trip_and_resume_without_the_hierarchy(ranks):
         assert r["flat_levels"] == ["topk@0.01"]  # the flat twin; its shard residuals wait for the flush
         assert r["flat_shards"] == len(r["saved_shards"])
         assert r["flat_to_hier_levels"] == ["hier_topk@0.01"]  # and back: a flat checkpoint on a hierarchy
+
+
+def test_a_ban_of_a_level_no_longer_offered_is_dropped_on_resume(ranks):
+    # the kept ban names its level by index into the checkpoint's list: carried over by name
+    assert ranks[0]["older_ladder_bans"] == {"2.weight": "hier_topk@0.1"}

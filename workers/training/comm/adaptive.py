@@ -511,12 +511,19 @@ class AdaptiveState(CompressionState):
         # bans and levels left are stored as indices of the checkpoint's level list: carried over by name
         old_levels = list(a.get("levels", self.levels))
 
-        def index(i) -> int:
-            return self.levels.index(self._resumed_level(old_levels[int(i)]))
+        def carried(entries: dict) -> dict[str, tuple[int, int]]:
+            """(level index here, step) of each entry whose level this run offers (a ban of, or a return to,
+            a level it does not offer is moot: e.g. 0.1 % from a checkpoint of the older default ladder)."""
+            out = {}
+            for name, (i, step) in entries.items():
+                level = self._resumed_level(old_levels[int(i)]) if int(i) < len(old_levels) else None
+                if level in self.levels:
+                    out[name] = (self.levels.index(level), int(step))
+            return out
 
         self.level_of = level_of
         self.last_switch = {k: int(v) for k, v in a.get("last_switch", {}).items()}
-        self.banned = {k: (index(v[0]), int(v[1])) for k, v in a.get("banned", {}).items()}
+        self.banned = carried(a.get("banned", {}))
         self.backoffs = {k: int(v) for k, v in a.get("backoffs", {}).items()}
         self.over_bound = {k: int(v) for k, v in a.get("over_bound", {}).items()}
         # kept whatever the hierarchy is now: one whose shard no longer matches is flushed into the flat
@@ -531,7 +538,7 @@ class AdaptiveState(CompressionState):
         self.overhead_s = {k: float(v) for k, v in a.get("overhead_s", {}).items()}
         self.codec_s.update({k: float(v) for k, v in a.get("codec_s", {}).items()})
         self.codec_measured = set(a.get("codec_measured", []))
-        self.left = {k: (index(v[0]), int(v[1])) for k, v in a.get("left", {}).items()}
+        self.left = carried(a.get("left", {}))
         self._current = self._previous = None
         self._steps_seen = 0
 
