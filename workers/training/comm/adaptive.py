@@ -90,7 +90,12 @@ from workers.training.comm.compression import (
     parameter_segments,
     topk_exchange,
 )
-from workers.training.comm.hierarchical import HierarchicalState, sparse_all_reduce, split_by_node
+from workers.training.comm.hierarchical import (
+    HierarchicalState,
+    sparse_all_reduce,
+    sparse_beats_dense,
+    split_by_node,
+)
 from workers.training.comm.stats import all_gather_wire_bytes, ring_all_reduce_wire_bytes
 
 log = logging.getLogger(__name__)
@@ -113,7 +118,6 @@ EMA = 0.5
 # reduce-scatter and all-gather stream the bucket ~3 times (~1 ns/element, as FP16_CODEC_S_PER_ELEMENT), and
 # hier_topk also selects the top-k of the rank's 1/L shard (TOPK_CODEC_S_PER_ELEMENT per shard element)
 HIER_S_PER_ELEMENT = 1e-9
-FAMILIES = ("allreduce", "allgather", "hier", "hier_allgather")
 HIER_FAMILIES = ("hier", "hier_allgather")
 
 
@@ -376,9 +380,8 @@ class AdaptiveState(CompressionState):
             local = h.ranks_per_node_in_group
             intra = 0 if h.shm is not None else 2 * (local - 1) * 4 * math.ceil(n / local)
             return intra + self._inter_node_bytes(n, level)
-        entry = 4 + torch.finfo(self.value_dtype).bits // 8
         k = sum(native_ops.k_for_density(size, _density(level)) for size in sizes)
-        return all_gather_wire_bytes(k * entry, w)
+        return all_gather_wire_bytes(k * self._entry_bytes(), w)
 
     def _shard_k(self, n: int, level: str) -> int | None:
         """Top-k count of this rank's shard at a ``hier_topk`` level; ``None`` where the dense shard
@@ -386,10 +389,17 @@ class AdaptiveState(CompressionState):
         h = self.hierarchy
         shard = math.ceil(n / h.ranks_per_node_in_group)
         k = native_ops.k_for_density(shard, _density(level))
-        return k if k * self._entry_bytes() * h.nodes_in_group < 8 * shard else None
+        return k if sparse_beats_dense(k, self._entry_bytes(), h.nodes_in_group, shard) else None
 
     def _entry_bytes(self) -> int:
+        """Bytes of one top-k entry on the wire: an int32 index and a value in ``value_dtype``."""
         return 4 + torch.finfo(self.value_dtype).bits // 8
+
+    def _hier_payload(self, n: int, level: str) -> int:
+        """Bytes this rank puts into collectives for a bucket of ``n`` elements at a ``hier`` level: its
+        shard's across nodes, plus the fp32 bucket through the intra-node collectives unless they run in
+        shared memory."""
+        return self._inter_node_bytes(n, level) + (0 if self.hierarchy.shm is not None else 4 * n)
 
     def _inter_node_bytes(self, n: int, level: str) -> int:
         """Bytes one rank sends across nodes for a bucket of ``n`` elements at a ``hier`` level."""
@@ -844,18 +854,18 @@ def adaptive_hook(state: AdaptiveState, bucket):
 
     # hands back a shard residual this level does not continue
     shard = state._shard_residual(names, record.sizes, residual, level)
-    if level.startswith("hier") and velocity is not None:
-        velocity.zero_()  # DGC's momentum accumulates at the flat top-k levels only
+    if velocity is not None and not level.startswith("topk"):
+        velocity.zero_()  # DGC's momentum accumulates at the flat top-k levels only: here all is sent
     if shard is not None:  # hier_topk
-        fut, payload = _hier_topk(state, buf, residual, shard, record)
+        fut = _hier_topk(state, buf, residual, shard, record)
+        payload = state._hier_payload(n, level)
     elif level == "hier":
-        buf.div_(w).add_(residual)  # as plain DDP: average = sum / W; plus what a top-k level withheld
-        residual.zero_()
+        state._scale_and_flush(buf, residual)  # as plain DDP, plus what a top-k level withheld
         fut = state.hierarchy.submit_pipelined(buf, None, bucket.index())
-        payload = state._inter_node_bytes(n, level) + (0 if state.hierarchy.shm is not None else 4 * n)
+        payload = state._hier_payload(n, level)
     elif level.startswith("topk"):
         ks = [native_ops.k_for_density(size, _density(level)) for size in record.sizes]
-        payload = sum(ks) * (4 + torch.finfo(state.value_dtype).bits // 8)
+        payload = sum(ks) * state._entry_bytes()
 
         def grad_norm(local: torch.Tensor) -> None:  # the (1/W-scaled) gradient entering error feedback
             record.grad_sq = float(torch.linalg.vector_norm(local, dtype=torch.float32)) ** 2 / w**2
@@ -864,13 +874,10 @@ def adaptive_hook(state: AdaptiveState, bucket):
         record.residual_sq = float(torch.linalg.vector_norm(residual)) ** 2
     else:
         payload = (4 if level == "dense" else 2) * n
-        if velocity is not None:  # DGC's momentum only accumulates at top-k levels: here all is sent
-            velocity.zero_()
         if level == "dense":
             fut = state._dense_all_reduce(bucket, residual)
         else:
-            buf.div_(w).add_(residual)  # flush what a top-k level withheld
-            residual.zero_()
+            state._scale_and_flush(buf, residual)  # flush what a top-k level withheld
             half = buf.to(torch.float16)
             work = dist.all_reduce(half, group=state.process_group, async_op=True)
 
@@ -899,16 +906,12 @@ def adaptive_hook(state: AdaptiveState, bucket):
     return fut.then(done)
 
 
-def _hier_topk(state: AdaptiveState, buf, residual, shard, record) -> tuple[torch.futures.Future, int]:
+def _hier_topk(state: AdaptiveState, buf, residual, shard, record) -> torch.futures.Future:
     """A ``hier_topk`` bucket: scale by 1/W and flush the flat residual into it, then through the node
-    hierarchy with top-k + error feedback of this rank's (node-summed) shard across nodes. Returns the
-    future and the bytes this rank sends (its shard's top-k message; the intra-node stages in shared memory
-    or, without it, the fp32 bucket through gloo)."""
-    n, w = buf.numel(), state.world_size
+    hierarchy with top-k + error feedback of this rank's (node-summed) shard across nodes."""
     shard_residual = shard[1]
-    k = state._shard_k(n, record.level)
-    buf.div_(w).add_(residual)
-    residual.zero_()
+    k = state._shard_k(buf.numel(), record.level)
+    state._scale_and_flush(buf, residual)
 
     def inter_stage(piece: torch.Tensor) -> None:  # on the hierarchy's inter-node thread
         record.grad_sq = float(torch.linalg.vector_norm(piece, dtype=torch.float32)) ** 2
@@ -920,6 +923,4 @@ def _hier_topk(state: AdaptiveState, buf, residual, shard, record) -> tuple[torc
             sparse_all_reduce(piece, shard_residual, k, state.value_dtype, state.hierarchy.inter_group)
         record.residual_sq = float(torch.linalg.vector_norm(shard_residual)) ** 2
 
-    fut = state.hierarchy.submit_pipelined(buf, inter_stage, record.index)
-    intra = 0 if state.hierarchy.shm is not None else 4 * n
-    return fut, intra + state._inter_node_bytes(n, record.level)
+    return state.hierarchy.submit_pipelined(buf, inter_stage, record.index)

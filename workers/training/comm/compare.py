@@ -116,7 +116,7 @@ def method_hook(
         "sign_ef": "sign_ef",
         "hierarchical": f"hierarchical:ranks_per_node={ranks_per_node}",
         "hierarchical_topk": f"hierarchical:ranks_per_node={ranks_per_node},inter_node=topk,{topk}",
-        # per bucket dense / fp16 / top-k 10-1-0.1 %, flat or through the node hierarchy, from what each step
+        # per bucket dense / fp16 / top-k 10 or 1 %, flat or through the node hierarchy, from what each step
         # measured (comm/adaptive.py); flat top-k levels clip like topk_ef
         "adaptive": f"adaptive:ranks_per_node={ranks_per_node},clip_norm={TOPK_CLIP_NORM}",
     }

@@ -196,10 +196,15 @@ class CompressionState:
         buf.div_(w)
         return 1.0
 
-    def _dense_all_reduce(self, bucket, residual: torch.Tensor) -> torch.futures.Future:
-        buf = bucket.buffer()
+    def _scale_and_flush(self, buf: torch.Tensor, residual: torch.Tensor) -> None:
+        """In place: ``buf`` <- buf / W + what error feedback withheld, which is then zero (a bucket sent
+        densely carries its whole residual)."""
         buf.div_(self.world_size).add_(residual)
         residual.zero_()
+
+    def _dense_all_reduce(self, bucket, residual: torch.Tensor) -> torch.futures.Future:
+        buf = bucket.buffer()
+        self._scale_and_flush(buf, residual)
         work = dist.all_reduce(buf, group=self.process_group, async_op=True)
         return work.get_future().then(lambda f: f.value()[0])
 

@@ -254,6 +254,12 @@ class SparseInterNode:
         return 4 + torch.finfo(self.value_dtype).bits // 8
 
 
+def sparse_beats_dense(k: int, entry_bytes: int, nodes: int, shard_len: int) -> bool:
+    """Whether all-gathering ``k`` (index, value) entries of ``entry_bytes`` across ``nodes`` puts fewer bytes
+    on the wire than the ring all-reduce of the fp32 shard (~8 bytes per element)."""
+    return k * entry_bytes * nodes < 8 * shard_len
+
+
 def sparse_all_reduce(
     shard: torch.Tensor, residual: torch.Tensor, k: int, value_dtype: torch.dtype, group: dist.ProcessGroup
 ) -> None:
@@ -462,7 +468,7 @@ def hierarchical_hook(state: HierarchicalState, bucket):
     sparse = state.sparse
     if sparse is not None:
         k = sparse.k(state.step, shard_len)
-        if k * sparse.entry_bytes() * nodes < 8 * shard_len:  # else dense moves fewer bytes
+        if sparse_beats_dense(k, sparse.entry_bytes(), nodes, shard_len):  # else dense moves fewer bytes
             residual = sparse.residual(bucket.index(), shard_len, buf.device)
             inter_bytes = k * sparse.entry_bytes()
             inter_wire = all_gather_wire_bytes(inter_bytes, nodes)
