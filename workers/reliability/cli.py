@@ -200,6 +200,7 @@ def elastic_result(run: dict, reference: dict | None, *, recovery: str) -> dict:
         "goodput": report["goodput"]["goodput"],
         "goodput_detail": report["goodput"],
         "loss_last": losses[max(losses)] if losses else None,
+        "faults_not_fired": report.get("faults_not_fired", []),
     }
     if reference is not None:
         ref = {int(k): v for k, v in reference["report"]["losses"].items()}
@@ -362,6 +363,8 @@ def format_result(r: dict) -> str:
             else ""
         )
         rows.append(f"  fault {f['kind']:<18} at step {f['step']}: {rto}  ({f['message']})")
+    for fault in r.get("faults_not_fired", []):
+        rows.append(f"  fault {fault} never fired: the run ended before the injector saw its step")
     s = r["snapshots"]
     if s["count"]:
         rows.append(

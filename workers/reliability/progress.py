@@ -20,6 +20,10 @@ from pathlib import Path
 
 ENV = "CANN_TRAIN_PROGRESS_DIR"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun in every rank it starts
+GROUP_START_ENV = "CANN_TRAIN_GROUP_START"
+"""How many times this node's agent has started its ranks (1: the first group), set by the warm agent
+(``workers.training.agent``) before each start. torchrun's restart count counts failures only: a group
+re-formed after a membership change (a node joined or left without a rank failing) starts at the old count."""
 TIMELINE = "timeline.jsonl"
 NODE = os.environ.get("CANN_TRAIN_NODE") or socket.gethostname()
 """The node this rank runs on, as its supervisor names it (``workers.training.supervisor.node_name``): the
@@ -32,6 +36,14 @@ def restart_count() -> int:
         return int(os.environ.get(RESTART_ENV, "0"))
     except ValueError:
         return 0
+
+
+def group_start() -> int:
+    """Which start of its node agent's ranks this rank belongs to (1: the first; 1 where no agent says)."""
+    try:
+        return max(1, int(os.environ.get(GROUP_START_ENV, "1")))
+    except ValueError:
+        return 1
 
 
 def process_start_unix() -> float:

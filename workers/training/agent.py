@@ -68,6 +68,32 @@ def fork_safe() -> bool:
     return not torch.cuda.is_initialized() and "torch_npu" not in sys.modules
 
 
+def count_group_starts() -> None:
+    """Before each start of the ranks, the agent counts it into ``GROUP_START_ENV`` (its own environment,
+    which every rank it forks or spawns inherits): a rank of a group re-formed after a membership change can
+    then tell it is not the run's first start although torchrun's restart count says 0, and resume instead
+    of taking the run's own snapshots for another run's (seen when a job of ``--nnodes 1:2`` began on one
+    node and grew). torch has no hook for this and ``elastic_launch`` builds its agent itself, hence the
+    wrapper around ``LocalElasticAgent._start_workers`` (every start goes through it: first, after a
+    failure, after a membership change)."""
+    import os
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from workers.reliability.progress import GROUP_START_ENV
+
+    start = LocalElasticAgent._start_workers
+    if getattr(start, "counts_group_starts", False):
+        return
+
+    def counted(self, worker_group):
+        os.environ[GROUP_START_ENV] = str(int(os.environ.get(GROUP_START_ENV, "0")) + 1)
+        return start(self, worker_group)
+
+    counted.counts_group_starts = True
+    LocalElasticAgent._start_workers = counted
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed.run as torchrun
     from torch.distributed.launcher.api import elastic_launch
@@ -88,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             entry_args = [args.training_script, *args.training_script_args]
     else:
         entrypoint, entry_args = cmd, cmd_args
+    count_group_starts()
     elastic_launch(config=config, entrypoint=entrypoint)(*entry_args)
     return 0
 

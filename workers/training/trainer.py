@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from workers.green.job import JobEnergy
-from workers.reliability.progress import ProgressWriter, process_start_unix, restart_count
+from workers.reliability.progress import ProgressWriter, group_start, process_start_unix, restart_count
 from workers.reliability.snapshot_now import SnapshotRequests
 from workers.reliability.step_times import StepTimesWriter, blocking_wait
 from workers.training import device as device_mod
@@ -114,6 +114,9 @@ class Trainer:
         self.attempt = attempt
         """Which launch of the job this run is: every published event says it (``attempt``)."""
         self.restart = restart_count()
+        self.regrouped = group_start() > 1
+        """Not the run's first group although torchrun counted no failure: the agent re-formed it after a
+        membership change (agreed by every rank, :meth:`_agree_on_restart`)."""
         """Which torchrun restart of this attempt these processes are (0: the first start); after a restart
         the run continues from the newest good snapshot (:mod:`workers.reliability.elastic` watches it)."""
         self.progress = ProgressWriter.from_env(rank)
@@ -232,8 +235,11 @@ class Trainer:
         """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
         self._snapshot_buffers_started = False
         self.snapshots: SnapshotManager | None = None
-        self.resuming = cfg.resume or bool(self.restart and (cfg.snapshot_every or cfg.snapshot_memory_every))
-        """Resume at the start of :meth:`train`: asked for, or a torchrun restart of a snapshotting run."""
+        self.resuming = cfg.resume or bool(
+            (self.restart or self.regrouped) and (cfg.snapshot_every or cfg.snapshot_memory_every)
+        )
+        """Resume at the start of :meth:`train`: asked for, or a later group of a snapshotting run (a torchrun
+        restart, or a group re-formed after a membership change)."""
         if cfg.snapshot_every or cfg.snapshot_memory_every or self.resuming:
             # a gloo group of its own: DCP's planning collectives run in the writer thread, on CPU tensors,
             # and never queue behind (or between) the training collectives of the default group
@@ -266,15 +272,20 @@ class Trainer:
             self.progress.event("ready")
 
     def _agree_on_restart(self) -> None:
-        """Every rank takes the highest restart count any rank was started with. torchrun counts failures
+        """Every rank takes the highest restart count any rank was started with, and is a re-formed group's
+        when any rank is (:data:`workers.reliability.progress.GROUP_START_ENV`). torchrun counts failures
         only: a node whose agent re-joins after a membership change (its link was down while the others
         restarted) starts its rank with the old count, and that rank would take itself for a first start --
-        not resume, and refuse the snapshot directory (seen with ``drop-link``, docs/elastic.md)."""
+        not resume, and refuse the snapshot directory (seen with ``drop-link``, docs/elastic.md); a node
+        joining a job that began without it is on its agent's first group, the others are not."""
         if self.world_size == 1:
             return
-        count = torch.tensor([self.restart], dtype=torch.int64, device=self.device)
+        count = torch.tensor([self.restart, int(self.regrouped)], dtype=torch.int64, device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        agreed = int(count.item())
+        agreed = int(count[0].item())
+        self.regrouped = bool(
+            count[1].item()
+        )  # a node that joins a running job: its first group is not the run's
         if agreed != self.restart:
             print(
                 f"rank {self.rank}: restart count {self.restart} -> {agreed}, the group's highest (its agent "
@@ -959,7 +970,7 @@ class Trainer:
         assert self.snapshots is not None
         t0 = time.perf_counter()
         # a chosen snapshot (a restore) on the first start only: a torchrun restart continues from the newest
-        exactly = self.cfg.resume_from if self.restart == 0 else None
+        exactly = self.cfg.resume_from if self.restart == 0 and not self.regrouped else None
         if exactly is None and self.memory is not None:
             in_memory = self._resume_from_memory(t0)
             if in_memory is not None:

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 STEPS = 400
 
 
+@pytest.mark.long
 def test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back(tmp_path):
     cfg = job("tiny-dense.json", {"dp": 2, "micro_batch_size": 2}, steps=STEPS, profile_every=0, snapshot_every=2,
               snapshot_dir=str(tmp_path / "snap"), rescale=True)  # fmt: skip

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 TINY = example("tiny-dense.json")
 
 
+@pytest.mark.long
 def test_calibrate_writes_a_measured_profile_the_planner_uses(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "workers.cli", "calibrate", "--quick", "--out", str(tmp_path)],

@@ -87,8 +87,11 @@ def test_kill_hang_and_a_corrupt_snapshot_are_survived_bit_for_bit(tmp_path):
     "model, strategy",
     # DDP is above; FSDP2 resumes like it (tests/integration/test_checkpoint_resume.py): one pipeline layout
     # here keeps CI's time in bounds
-    [("tiny-dense.json", {"pp": 2, "micro_batch_size": 2})],
-    ids=["pp2-1f1b"],
+    [
+        pytest.param(
+            "tiny-dense.json", {"pp": 2, "micro_batch_size": 2}, marks=pytest.mark.long, id="pp2-1f1b"
+        )
+    ],
 )
 def test_other_layouts_recover_to_the_reference_loss(model, strategy, tmp_path):
     code, r, err = elastic(
@@ -106,6 +109,7 @@ def test_other_layouts_recover_to_the_reference_loss(model, strategy, tmp_path):
     assert r["steps_compared"] == 10 and r["loss_matches_reference"], r
 
 
+@pytest.mark.long
 def test_the_in_memory_tier_loses_at_most_its_interval_and_nothing_else(tmp_path):
     code, r, err = elastic(
         "--model", str(EXAMPLES / "tiny-dense.json"), "--strategy", strategy_file(tmp_path, dp=2, micro_batch_size=2),

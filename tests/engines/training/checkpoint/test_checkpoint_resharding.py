@@ -89,6 +89,7 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert torch.equal(t, b["tensors"][key]), f"{key} differs"
 
 
+@pytest.mark.long
 def test_ddp_snapshot_of_two_ranks_loads_on_one(tmp_path):
     dp2, single = {"dp": 2, "micro_batch_size": 2}, {"micro_batch_size": 4}
     snapshot_on(dp2, tmp_path / "from-dp2")
@@ -100,6 +101,7 @@ def test_ddp_snapshot_of_two_ranks_loads_on_one(tmp_path):
     # (growing, 1 -> 2 ranks, is test_elastic_scaling's regrow on real agents, and 2 -> 4 below for FSDP2)
 
 
+@pytest.mark.long
 def test_fsdp2_zero3_snapshot_of_two_ranks_loads_on_four(tmp_path):
     two = {"dp": 2, "micro_batch_size": 2, "zero_stage": 3}
     four = {"dp": 4, "micro_batch_size": 2, "zero_stage": 3}

@@ -110,6 +110,7 @@ def run_on_two_nodes(net: netem.TwoTierNetwork, cfg, run_dir: Path, *, inject: s
     return [p.returncode for p in procs], watch
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_dropped_node_link_is_found_recovered_and_the_losses_stay_bit_for_bit(tmp_path):
     strategy = {"dp": 2, "micro_batch_size": 2}

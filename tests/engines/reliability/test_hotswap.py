@@ -43,6 +43,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.long
 def test_survivor_keeps_stepping_and_the_killed_replica_rejoins_with_equal_parameters(tmp_path):
     out = run_hot_swap(
         tiny_job(), 2, steps=STEPS, inject=[("kill-replica", KILL_AT)], run_dir=tmp_path, timeout_s=240

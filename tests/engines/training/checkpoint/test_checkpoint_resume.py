@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import tiered
 from tests.integration.test_training_parallel import EXAMPLES, STEPS, job, train
 from workers.training.checkpoint import list_snapshots, read_manifest, verify
 from workers.training.launch import free_port, render_torchrun_command, torchrun_env
@@ -35,7 +36,7 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", tiered(LAYOUTS, long={"dp2-fsdp2-zero3", "ep2-dp2-moe"}))
 def test_resumed_run_matches_the_uninterrupted_run_bit_for_bit(layout, tmp_path):
     model, strategy = LAYOUTS[layout]
     reference = train(job(model, strategy))  # no snapshots at all
@@ -110,6 +111,7 @@ def test_resume_with_no_snapshot_starts_from_scratch(tmp_path):
     assert run["resumed"]["from"] is None and run["steps"] == 3
 
 
+@pytest.mark.long
 def test_a_run_killed_with_sigkill_resumes_from_its_newest_snapshot(tmp_path):
     """SIGKILL to torchrun and every rank at a random point after a few snapshots; the resumed run's losses
     equal the uninterrupted run's from the snapshot's step on."""

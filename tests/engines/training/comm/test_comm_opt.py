@@ -148,6 +148,7 @@ def test_train_events_carry_the_hooks_comm_figures(resume_run):
     assert 0 < values["comm_bytes"] < dense_bytes / 5  # 5 % density, 6 bytes per entry
 
 
+@pytest.mark.long
 @pytest.mark.skipif(bool(netem.unavailable_reason()), reason=netem.unavailable_reason() or "ok")
 def test_comm_opt_compares_methods_on_the_emulated_network():
     from workers.cli import main

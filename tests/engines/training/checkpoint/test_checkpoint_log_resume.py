@@ -44,6 +44,7 @@ def copy_without(logged, tmp_path: Path, *newest: str) -> Path:
     return root
 
 
+@pytest.mark.long
 def test_the_run_writes_logs_between_full_snapshots(logged):
     root, first = logged
     kinds = [(s["name"][-2:], s["kind"], s["base"] and s["base"][-2:]) for s in first["snapshots"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RUNS
+from tests.conftest import RUNS, tiered
 from workers.training.cli import run_local
 from workers.training.config import JobConfig
 from workers.training.parallel.dims import ParallelDims
@@ -104,7 +104,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", tiered(CASES, long={"tp2-pp2-interleaved-1f1b", "cp2-tp2-sequence-parallel-zero3"})
+)
 def test_parallel_run_matches_single_process(case, reference):
     model, strategy = CASES[case]
     run = train(job(model, strategy))
@@ -143,7 +145,13 @@ ORDER_STEPS = 3
 DEGREES = {"tp": 1, "cp": 1, "dp": 1, "pp": 1, "ep": 1}
 
 
-@pytest.mark.parametrize("case", list(ORDER_CASES))
+@pytest.mark.parametrize(
+    "case",
+    tiered(
+        ORDER_CASES,
+        long={"tp2-dp2-dp-innermost", "cp2-dp2-zero3-dp-before-cp", "pp2-dp2-stages-inside-replicas"},
+    ),
+)
 def test_a_rank_order_trains_as_the_default_one(case):
     """The placement moves ranks between groups, not the arithmetic: the same losses and gradient norms
     (every group's members sit in coordinate order, so even the reduction order is the same)."""
