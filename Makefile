@@ -1,4 +1,4 @@
-# cann-train: two commands.  `make run` serves the app with a demo;  `make test` runs every test.
+# cann-train: two commands.  `make run` serves the app with a demo;  `make test` runs the tests (CI adds the long tier).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -55,14 +55,18 @@ slurm:
 	  else echo "Slurm missing and not root: the Slurm launcher tests will be skipped"; fi; \
 	fi
 
+# make test: the developer's loop, every test but the long tier; make test-long: the long tier (tests marked
+# `long`: the costliest fault and layout scenarios); CI (.ci/run) runs lint and both. Each tier writes a JUnit
+# report and prints its slowest tests and files.
 test: setup native chromium pdf-libs slurm
 	@mkdir -p var/test
 	@$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile -m "not long" --junitxml=var/test/junit.xml; \
 	  rc=$$?; $(PY) tests/slowest_files.py var/test/junit.xml 20; exit $$rc
 
-# the long tier (tests/conftest.py LONG_TESTS): the costliest fault and layout scenarios, ~2,100 s of test time
 test-long: setup native chromium pdf-libs slurm
-	$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile -m long
+	@mkdir -p var/test
+	@$(PY) -m pytest -q --durations=20 -n $(TEST_WORKERS) --dist loadfile -m long --junitxml=var/test/junit-long.xml; \
+	  rc=$$?; $(PY) tests/slowest_files.py var/test/junit-long.xml 20; exit $$rc
 
 lint: setup
 	$(VENV)/bin/ruff check .

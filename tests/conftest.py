@@ -62,12 +62,6 @@ def http(method: str, url: str, token: str | None = None, body=None) -> tuple[in
         return e.code, decoded(e)
 
 
-RUNS: dict[str, dict] = {}
-"""Summaries of deterministic training runs by config, shared across test modules in one session
-(``tests/integration/test_training_parallel.py``'s ``train``). Here because this module has one name
-everywhere (``tests.conftest``), where a test module imported by another is loaded twice."""
-
-
 def wait_for(predicate, timeout: float, what: str, every: float = 0.3):
     """Poll ``predicate`` until it returns something truthy (returned), else fail saying what was awaited."""
     deadline = time.monotonic() + timeout
@@ -263,6 +257,39 @@ def make_member():
 
 
 @pytest.fixture
+def alice(make_member):
+    """alice, in Team A (the test enables the database itself, as for make_member)."""
+    return make_member("alice", "Team A")
+
+
+@pytest.fixture
+def bob(make_member):
+    """bob, in Team B: another team, for the cross-team checks."""
+    return make_member("bob", "Team B")
+
+
+@pytest.fixture
+def api_client():
+    """api_client(user) -> a DRF test client authenticated as ``user``, with ``.user`` and ``.team`` (the
+    user's first team) set."""
+    from rest_framework.test import APIClient
+
+    def make(user) -> APIClient:
+        client = APIClient()
+        client.force_authenticate(user)
+        client.user, client.team = user, user.teams.first()
+        return client
+
+    return make
+
+
+@pytest.fixture
+def alice_api(alice, api_client):
+    """The API as alice (``api_client(alice)``)."""
+    return api_client(alice)
+
+
+@pytest.fixture
 def token_for():
     from controlplane.accounts.services import token_issue
 
@@ -295,56 +322,17 @@ def import_tiny_cpu_plan(client, name: str = "tiny on this machine") -> dict:
 
 
 # --- the long tier ------------------------------------------------------------------------------------
-# `make test` (what CI runs, within its 30 minutes on a 2-core machine) leaves these out; `make test-long`
-# runs them. Each is the costliest of a family whose other members stay in `make test` (the capability
-# keeps a test there): chosen from the JUnit times of a full run (tests/slowest_files.py), 2026-12-02,
-# where they were a third of the test time.
-LONG_TESTS = {
-    "tests/integration/test_elastic_scaling.py::test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back",
-    "tests/browser/test_comm_compare_page.py::test_comparison_shows_progress_cancels_and_recommends",
-    "tests/integration/test_api_fuzz.py::test_every_operation_answers_as_documented[yaml]",
-    "tests/integration/test_api_fuzz.py::test_valid_requests_answer_as_documented[yaml]",
-    "tests/integration/test_elastic_jobs.py::test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes_online",
-    "tests/integration/test_fault_risk_jobs.py::test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_goes_on",
-    "tests/integration/test_chaos.py::test_a_worker_killed_mid_job_leaves_a_failed_relaunchable_job_and_no_ranks",
-    "tests/integration/test_chaos.py::test_a_postgresql_restart_mid_job_loses_nothing",
-    "tests/integration/test_checkpoint_resharding.py::test_fsdp2_zero3_snapshot_of_two_ranks_loads_on_four",
-    "tests/integration/test_job_schedules.py::test_an_interruptible_job_runs_in_its_slots_and_its_report_carries_the_saving",
-    "tests/integration/test_job_schedules.py::test_the_green_cli_runs_a_carbon_aware_job_profiles_its_energy_and_writes_its_report",
-    "tests/browser/test_planner_runs_here.py::test_a_big_plan_launches_scaled_down_as_a_labelled_job_that_runs_here",
-    "tests/integration/test_checkpoint_resume.py::test_resumed_run_matches_the_uninterrupted_run_bit_for_bit[dp2-fsdp2-zero3]",
-    "tests/integration/test_training_parallel.py::test_parallel_run_matches_single_process[tp2-pp2-interleaved-1f1b]",
-    "tests/integration/test_training_parallel.py::test_a_rank_order_trains_as_the_default_one[tp2-dp2-dp-innermost]",
-    "tests/integration/test_training_parallel.py::test_a_rank_order_trains_as_the_default_one[cp2-dp2-zero3-dp-before-cp]",
-    "tests/integration/test_elastic_recovery.py::test_other_layouts_recover_to_the_reference_loss[pp2-1f1b]",
-    "tests/integration/test_elastic_recovery.py::test_the_in_memory_tier_loses_at_most_its_interval_and_nothing_else",
-    "tests/browser/test_visualizer.py::test_seed_scenario_visualizer",
-    "tests/browser/test_visualizer_data.py::test_with_the_socket_open_the_page_never_polls_and_ends_from_page_data",
-    "tests/integration/test_jobs.py::test_two_workers_as_two_nodes_run_one_job",
-    "tests/integration/test_drop_link.py::test_a_dropped_node_link_is_found_recovered_and_the_losses_stay_bit_for_bit",
-    "tests/integration/test_hotswap.py::test_survivor_keeps_stepping_and_the_killed_replica_rejoins_with_equal_parameters",
-    "tests/integration/test_calibrate.py::test_calibrate_writes_a_measured_profile_the_planner_uses",
-    "tests/integration/test_checkpoint_log_resume.py::test_the_run_writes_logs_between_full_snapshots",
-    "tests/integration/test_comm_opt.py::test_comm_opt_compares_methods_on_the_emulated_network",
-    # second cut (the tiered suite with 2 workers still took 32.4 min in CI, pytest 27.6): the slowest
-    # 11 left whose family keeps a member in make test, ~610 s of test time
-    "tests/integration/test_elastic_jobs.py::test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds",
-    "tests/integration/test_checkpoint_resume.py::test_a_run_killed_with_sigkill_resumes_from_its_newest_snapshot",
-    "tests/integration/test_comm_compare_progress.py::test_progress_per_step_then_cancel_stops_the_run_and_keeps_earlier_rows",
-    "tests/browser/test_job_pages.py::test_planned_job_trains_live_on_its_page_and_ends_succeeded",
-    "tests/browser/test_job_attempt_traces_and_live_log.py::test_relaunch_is_a_trace_of_its_own_and_the_log_streams_while_it_runs",
-    "tests/browser/test_planner_runs_here.py::test_a_pareto_point_is_saved_then_opened_and_launched",
-    "tests/integration/test_checkpoint_resume.py::test_resumed_run_matches_the_uninterrupted_run_bit_for_bit[ep2-dp2-moe]",
-    "tests/integration/test_checkpoint_resharding.py::test_ddp_snapshot_of_two_ranks_loads_on_one",
-    "tests/integration/test_chaos.py::test_redis_restart_mid_job_keeps_the_app_up_and_every_event[persistent]",
-    "tests/integration/test_training_parallel.py::test_parallel_run_matches_single_process[cp2-tp2-sequence-parallel-zero3]",
-    "tests/integration/test_training_parallel.py::test_a_rank_order_trains_as_the_default_one[pp2-dp2-stages-inside-replicas]",
-}
+# `make test` (the developer's loop) leaves out the tests marked `long` (the costliest fault and layout
+# scenarios, each with cheaper members of its family kept in `make test`); `make test-long` runs them, and CI
+# runs both (.ci/run). A test joins the tier where it is written: `@pytest.mark.long` on the test, or
+# `tiered(...)` for some cases of a parametrized one (tests/unit/test_test_tiers.py checks that the two
+# tiers together collect every test exactly once).
 
 
-def pytest_collection_modifyitems(config, items):
-    import pytest
-
-    for item in items:
-        if item.nodeid in LONG_TESTS:
-            item.add_marker(pytest.mark.long)
+def tiered(cases, long) -> list:
+    """The ids of ``cases`` as ``parametrize`` values, those named in ``long`` marked for the long tier. A
+    long id that is not a case fails at collection: a renamed case cannot silently leave its tier."""
+    unknown = set(long) - set(cases)
+    if unknown:
+        raise ValueError(f"tiered: {sorted(unknown)} marked long but not among the cases {sorted(cases)}")
+    return [pytest.param(c, marks=pytest.mark.long, id=c) if c in long else c for c in cases]

@@ -1012,7 +1012,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         min_nodes=job.min_nodes if job.elastic else None,
         # warm agents (workers.training.agent) for every job: the ranks fork from one import of the runtime
         # (~4 s of CPU per rank saved at each start and restart here). With plain torchrun the shrink and
-        # regrow of tests/integration/test_elastic_scaling.py timed out. A killed Celery worker's job once
+        # regrow of tests/engines/reliability/test_elastic_scaling.py timed out. A killed Celery worker's job once
         # settled ~100 s later with them (test_chaos); re-measured after the ranks' OpenMP pool fix: 36 s,
         # against 45 s with plain torchrun.
         warm=True,

@@ -30,6 +30,7 @@ def start(page, methods: list[str], steps: int) -> None:
     page.click("#comm-compare-form button[type=submit]")
 
 
+@pytest.mark.long
 def test_comparison_shows_progress_cancels_and_recommends(live_stack, page, make_member):
     from controlplane.jobs.models import CommComparison, TrainingJob
 

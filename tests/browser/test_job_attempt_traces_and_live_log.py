@@ -9,7 +9,6 @@ import os
 import re
 
 import pytest
-from rest_framework.test import APIClient
 
 from tests.browser.test_job_pages import log_in, wait_for_points
 from tests.conftest import import_tiny_cpu_plan
@@ -27,18 +26,7 @@ def shot(page, name: str) -> None:
         page.screenshot(path=f"{folder}/{name}.png", full_page=True)
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def alice_api(alice):
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
-
-
+@pytest.mark.long
 def test_relaunch_is_a_trace_of_its_own_and_the_log_streams_while_it_runs(live_stack, page, alice_api):
     r = alice_api.post("/api/jobs/", job_payload(steps=100000, profile_every=2, name="twice"), format="json")
     assert r.status_code == 201, r.content

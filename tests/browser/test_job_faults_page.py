@@ -24,11 +24,6 @@ TINY_TRAINING = {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adam"}
 FAULT_TRACE = "() => document.getElementById('chart-loss').data.find(t => t.name === 'faults')"
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
 def _snapshot(job, step: int) -> None:
     from controlplane.jobs.recovery import record_snapshot
 

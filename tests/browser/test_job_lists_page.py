@@ -27,11 +27,6 @@ SHOWN = (
 )
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
 def a_job(user, name, **fields):
     from controlplane.jobs.models import TrainingJob
 

@@ -47,11 +47,7 @@ def wait_for_train_events(job, count: int, timeout: float = 90) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
+@pytest.mark.long
 def test_planned_job_trains_live_on_its_page_and_ends_succeeded(live_stack, page, alice, token_for, tmp_path):
     from controlplane.jobs.models import TrainingJob
 

@@ -126,6 +126,7 @@ def small_example_search_page(live_stack, page, alice) -> dict:
     return {"search": search, "client": client}
 
 
+@pytest.mark.long
 def test_a_pareto_point_is_saved_then_opened_and_launched(live_stack, page, make_member):
     from controlplane.planning.models import StoredPlan
 
@@ -171,6 +172,7 @@ def test_a_pareto_point_is_saved_then_opened_and_launched(live_stack, page, make
     assert page.js_errors == []
 
 
+@pytest.mark.long
 def test_a_big_plan_launches_scaled_down_as_a_labelled_job_that_runs_here(live_stack, page, make_member):
     from rest_framework.test import APIClient
 

@@ -93,6 +93,7 @@ def wait_views(page, views, timeout=45_000):
         assert page.evaluate(POINTS, f"#view-{v}") > 0, f"view {v} has no data"
 
 
+@pytest.mark.long
 def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
     alice = make_member("alice", "Team A")
     token = token_for(alice)

@@ -97,6 +97,7 @@ def assert_badge_is(page, state):
     )
 
 
+@pytest.mark.long
 def test_with_the_socket_open_the_page_never_polls_and_ends_from_page_data(live_stack, page, make_member):
     alice = make_member("alice", "Team A")
     search = queued_search(alice.teams.first())

@@ -7,19 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from rest_framework.test import APIClient
 
 from tests.integration.test_jobs import example, job_payload
 from workers.planner.examples import contract
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def client(make_member):
-    c = APIClient()
-    c.force_authenticate(make_member("alice", "Team A"))
-    return c
 
 
 def search_body(**extra) -> dict:
@@ -31,10 +23,10 @@ def search_body(**extra) -> dict:
     }
 
 
-def test_a_strategy_with_an_unknown_field_is_a_400_and_no_job(client):
+def test_a_strategy_with_an_unknown_field_is_a_400_and_no_job(alice_api):
     from controlplane.jobs.models import TrainingJob
 
-    r = client.post("/api/jobs/", {**job_payload(), "strategy": {"dp": 2, "tpp": 2}}, format="json")
+    r = alice_api.post("/api/jobs/", {**job_payload(), "strategy": {"dp": 2, "tpp": 2}}, format="json")
     assert r.status_code == 400
     assert list(r.json()) == ["strategy.tpp"]
     assert r.json()["strategy.tpp"][0].startswith("is not a field of strategy.json (known: tp, pp, dp")
@@ -45,40 +37,40 @@ def test_a_strategy_with_an_unknown_field_is_a_400_and_no_job(client):
     ("document", "field"),
     [("model", "num_layer"), ("training", "global_batch")],
 )
-def test_a_job_document_with_an_unknown_field_is_a_400_naming_it(client, document, field):
+def test_a_job_document_with_an_unknown_field_is_a_400_naming_it(alice_api, document, field):
     body = job_payload()
     body[document] = {**body[document], field: 4}
-    r = client.post("/api/jobs/", body, format="json")
+    r = alice_api.post("/api/jobs/", body, format="json")
     assert r.status_code == 400 and list(r.json()) == [f"{document}.{field}"], r.json()
 
 
-def test_an_unknown_field_of_the_job_request_is_a_400_naming_it(client):
+def test_an_unknown_field_of_the_job_request_is_a_400_naming_it(alice_api):
     from controlplane.jobs.models import TrainingJob
 
-    r = client.post("/api/jobs/", {**job_payload(), "stpes": 3}, format="json")
+    r = alice_api.post("/api/jobs/", {**job_payload(), "stpes": 3}, format="json")
     assert r.status_code == 400 and list(r.json()) == ["stpes"]
     assert "is not a field of this request" in r.json()["stpes"][0] and "steps" in r.json()["stpes"][0]
     assert not TrainingJob.objects.exists()
 
 
-def test_an_unknown_field_of_the_search_request_is_a_400_naming_it(client):
+def test_an_unknown_field_of_the_search_request_is_a_400_naming_it(alice_api):
     from controlplane.planning.models import StrategySearch
 
-    r = client.post("/api/searches/", search_body(topk=3), format="json")
+    r = alice_api.post("/api/searches/", search_body(topk=3), format="json")
     assert r.status_code == 400 and list(r.json()) == ["topk"]
-    r = client.post(
+    r = alice_api.post(
         "/api/searches/", search_body(model_doc={**contract("model.json"), "layers": 2}), format="json"
     )
     assert r.status_code == 400 and list(r.json()) == ["model.layers"]
-    r = client.post("/api/searches/", search_body(strategy={"tp": 8, "pipeline": 4}), format="json")
+    r = alice_api.post("/api/searches/", search_body(strategy={"tp": 8, "pipeline": 4}), format="json")
     assert r.status_code == 400 and list(r.json()) == ["strategy.pipeline"]
     assert not StrategySearch.objects.exists()
 
 
-def test_stored_documents_with_an_unknown_field_are_a_400_naming_it(client):
-    r = client.post("/api/clusters/", {**contract("cluster.json"), "gpus_per_node": 8}, format="json")
+def test_stored_documents_with_an_unknown_field_are_a_400_naming_it(alice_api):
+    r = alice_api.post("/api/clusters/", {**contract("cluster.json"), "gpus_per_node": 8}, format="json")
     assert r.status_code == 400 and list(r.json()) == ["gpus_per_node"]
-    r = client.post("/api/models/", {**contract("model.json"), "layers": 96}, format="json")
+    r = alice_api.post("/api/models/", {**contract("model.json"), "layers": 96}, format="json")
     assert r.status_code == 400 and list(r.json()) == ["layers"]
     plan = {
         "name": "typo",
@@ -87,9 +79,9 @@ def test_stored_documents_with_an_unknown_field_are_a_400_naming_it(client):
         "training": contract("training.json"),
         "strategy": {**contract("strategy.json"), "dp": 48},
     }
-    r = client.post("/api/plans/", plan, format="json")
+    r = alice_api.post("/api/plans/", plan, format="json")
     assert r.status_code == 400 and list(r.json()) == ["model.heads"]
-    r = client.post(
+    r = alice_api.post(
         "/api/plans/evaluate/",
         {
             "model": contract("model.json"),
@@ -102,7 +94,7 @@ def test_stored_documents_with_an_unknown_field_are_a_400_naming_it(client):
     assert r.status_code == 400 and list(r.json()) == ["training.precision"]
 
 
-def test_a_plan_json_with_its_extra_fields_launches(client):
+def test_a_plan_json_with_its_extra_fields_launches(alice_api):
     """plan.json carries predicted, feasible, reason (and, exported from here, id and name): the job takes
     its strategy."""
     plan = {
@@ -114,7 +106,7 @@ def test_a_plan_json_with_its_extra_fields_launches(client):
         "predicted": {"step_time_s": 0.05, "tokens_per_s": 5120.0},
     }
     body = {k: v for k, v in job_payload(plan=plan).items() if k != "strategy"}
-    r = client.post("/api/jobs/", body, format="json")
+    r = alice_api.post("/api/jobs/", body, format="json")
     assert r.status_code == 201, r.content
     assert r.json()["config"]["strategy"]["dp"] == 2 and r.json()["plan"]["name"] == "tp1-pp1-dp2-ep1"
 
@@ -131,8 +123,8 @@ def resolved(prop: dict, components: dict) -> dict:
     return prop
 
 
-def test_the_openapi_schema_types_json_fields_as_objects_and_arrays(client):
-    r = client.get("/api/schema/?format=json")
+def test_the_openapi_schema_types_json_fields_as_objects_and_arrays(alice_api):
+    r = alice_api.get("/api/schema/?format=json")
     assert r.status_code == 200
     schema = json.loads(r.content)
     components = schema["components"]["schemas"]
@@ -189,7 +181,7 @@ def test_the_openapi_schema_types_json_fields_as_objects_and_arrays(client):
     plan_json = schema["paths"]["/api/plans/{id}/plan-json/"]["get"]["responses"]["200"]
     assert "strategy" in plan_json["content"]["application/json"]["schema"]["properties"]
 
-    # and no property anywhere is left untyped (what a generated client turns into a string)
+    # and no property anywhere is left untyped (what a generated alice_api turns into a string)
     untyped = [
         f"{component}.{name}"
         for component, body in components.items()

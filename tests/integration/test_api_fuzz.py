@@ -262,7 +262,10 @@ def fuzz_world(live_stack, make_member, token_for):
         ]
 
 
-@pytest.fixture(params=sorted(MEDIA_TYPES))
+# yaml: the long tier (make test keeps json: the same generated requests, rendered by the other renderer)
+@pytest.fixture(
+    params=[pytest.param(m, marks=pytest.mark.long) if m == "yaml" else m for m in sorted(MEDIA_TYPES)]
+)
 def representation(request) -> str:
     return request.param
 

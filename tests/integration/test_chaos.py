@@ -43,7 +43,9 @@ def _train_steps(stream: str) -> list[int]:
     return list(StreamEvent.objects.filter(stream=stream, kind="train").values_list("step", flat=True))
 
 
-@pytest.fixture(params=["persistent", "empty"])
+@pytest.fixture(
+    params=[pytest.param("persistent", marks=pytest.mark.long), "empty"]
+)  # empty: the harder case
 def private_redis(request):
     """A Redis of this test's own, killed (SIGKILL) and restarted on the same port. ``persistent``: with
     its append-only file, as ``make run``'s own Redis runs; ``empty``: without, so the restart loses every
@@ -200,6 +202,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+@pytest.mark.long
 def test_a_worker_killed_mid_job_leaves_a_failed_relaunchable_job_and_no_ranks(
     fragile_stack, make_member, token_for
 ):
@@ -336,6 +339,7 @@ def _django(env: dict, code: str) -> str:
     return r.stdout.strip()
 
 
+@pytest.mark.long
 def test_a_postgresql_restart_mid_job_loses_nothing(private_postgres):
     import subprocess
     import sys

@@ -56,6 +56,7 @@ def comparison_processes(root_pid: int) -> list[psutil.Process]:
     return out
 
 
+@pytest.mark.long
 def test_progress_per_step_then_cancel_stops_the_run_and_keeps_earlier_rows(live_stack, make_member):
     from controlplane.jobs.models import CommComparison, TrainingJob
 

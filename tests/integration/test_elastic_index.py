@@ -5,7 +5,6 @@ No worker runs: the jobs' measured figures and goodput are written as a finished
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
 
 from workers.training.examples import example
 
@@ -35,27 +34,18 @@ def _job(team, *, world: int, tokens_per_s: float, tflops: float = 0.002, **conf
     )  # fmt: skip
 
 
-@pytest.fixture
-def alice(make_member):
-    user = make_member("alice", "Team A")
-    client = APIClient()
-    client.force_authenticate(user)
-    client.team = user.teams.first()
-    return client
-
-
-def test_eti_uses_the_teams_one_device_run_as_the_baseline_and_names_what_is_missing(alice, make_member):
-    two = _job(alice.team, world=2, tokens_per_s=1500.0, peak_tflops=0.01, snapshot_every=5,
+def test_eti_uses_the_teams_one_device_run_as_the_baseline_and_names_what_is_missing(alice_api, make_member):
+    two = _job(alice_api.team, world=2, tokens_per_s=1500.0, peak_tflops=0.01, snapshot_every=5,
                snapshot_dir="/tmp/x")  # fmt: skip
-    r = alice.get(f"/api/jobs/{two.pk}/")
+    r = alice_api.get(f"/api/jobs/{two.pk}/")
     idx = r.json()["elastic_index"]
     scaling = idx["eti"]["factors"][0]
     assert scaling["value"] is None and "no one-device run of tiny-dense" in scaling["source"]
     assert idx["eti"]["eti"] is None
-    one = _job(alice.team, world=1, tokens_per_s=1000.0)
+    one = _job(alice_api.team, world=1, tokens_per_s=1000.0)
     other_team = make_member("bob", "Team B").teams.first()
     _job(other_team, world=1, tokens_per_s=10.0)  # another team's run is never a baseline
-    idx = alice.get(f"/api/jobs/{two.pk}/").json()["elastic_index"]
+    idx = alice_api.get(f"/api/jobs/{two.pk}/").json()["elastic_index"]
     factors = {f["name"]: f for f in idx["eti"]["factors"]}
     assert (
         factors["scaling_efficiency"]["value"] == 0.75
@@ -68,11 +58,16 @@ def test_eti_uses_the_teams_one_device_run_as_the_baseline_and_names_what_is_mis
     assert not next(c for c in idx["maturity"]["criteria"] if c["level"] == 2)["met"]
 
 
-def test_the_job_page_shows_the_index_and_the_level(alice, client, make_member):
+def test_the_job_page_shows_the_index_and_the_level(alice_api, client, make_member):
     job = _job(
-        alice.team, world=2, tokens_per_s=1500.0, comm_hook="fp16", snapshot_every=5, snapshot_dir="/tmp/x"
+        alice_api.team,
+        world=2,
+        tokens_per_s=1500.0,
+        comm_hook="fp16",
+        snapshot_every=5,
+        snapshot_dir="/tmp/x",
     )
-    client.force_login(alice.handler._force_user)
+    client.force_login(alice_api.handler._force_user)
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="eti-panel"' in html and 'id="maturity-level">L1<' in html
     assert "run it on 1 rank to measure the baseline" in html

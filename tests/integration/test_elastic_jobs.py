@@ -24,17 +24,6 @@ from tests.integration.test_job_restore_api import TINY_TRAINING
 from tests.integration.test_job_restore_api import job_body as _body
 from workers.training.examples import example
 
-
-@pytest.fixture
-def alice(make_member):
-    user = make_member("alice", "Team A")
-    client = APIClient()
-    client.force_authenticate(user)
-    client.user = user
-    client.team = user.teams.first()
-    return client
-
-
 # --- the API -------------------------------------------------------------------------------------------
 
 ELASTIC = {"nnodes": 2, "min_nodes": 1, "snapshot_every": 2}
@@ -57,29 +46,29 @@ ELASTIC = {"nnodes": 2, "min_nodes": 1, "snapshot_every": 2}
          "min_nodes", "on 5 node(s) the job would have 5 rank(s), and no layout runs it there"),
     ],
 )  # fmt: skip
-def test_submit_refuses_a_node_range_that_cannot_work_saying_why(alice, extra, field, words):
-    r = alice.post("/api/jobs/", _body(**extra), format="json")
+def test_submit_refuses_a_node_range_that_cannot_work_saying_why(alice_api, extra, field, words):
+    r = alice_api.post("/api/jobs/", _body(**extra), format="json")
     assert r.status_code == 400 and field in r.json(), r.content
     assert words in " ".join(r.json()[field]), r.json()
 
 
 @pytest.mark.django_db
-def test_an_elastic_job_answers_its_range_and_rescales_and_a_plain_one_is_not_elastic(alice):
+def test_an_elastic_job_answers_its_range_and_rescales_and_a_plain_one_is_not_elastic(alice_api):
     from controlplane.jobs.selectors import restart_policy
 
-    r = alice.post("/api/jobs/", _body(max_nodes=2, min_nodes=1, snapshot_every=2), format="json")
+    r = alice_api.post("/api/jobs/", _body(max_nodes=2, min_nodes=1, snapshot_every=2), format="json")
     assert r.status_code == 201, r.content
     body = r.json()
     assert (body["nnodes"], body["max_nodes"], body["min_nodes"], body["elastic"]) == (2, 2, 1, True)
     assert body["nproc_per_node"] == 1 and body["config"]["rescale"] is body["config"]["resume"] is True
-    same = alice.post("/api/jobs/", _body(nnodes=2, max_nodes=2), format="json").json()
+    same = alice_api.post("/api/jobs/", _body(nnodes=2, max_nodes=2), format="json").json()
     assert (same["nnodes"], same["min_nodes"], same["elastic"], same["config"]["rescale"]) == (
         2,
         2,
         False,
         False,
     )
-    plain = alice.post("/api/jobs/", _body(), format="json").json()
+    plain = alice_api.post("/api/jobs/", _body(), format="json").json()
     assert (plain["nnodes"], plain["max_nodes"], plain["min_nodes"], plain["elastic"]) == (1, 1, 1, False)
 
     from controlplane.jobs.models import TrainingJob
@@ -87,7 +76,7 @@ def test_an_elastic_job_answers_its_range_and_rescales_and_a_plain_one_is_not_el
     policy = restart_policy(TrainingJob.objects.get(pk=body["id"]))
     assert (policy["min_nodes"], policy["max_nodes"], policy["elastic"]) == (1, 2, True)
     page = APIClient()
-    page.force_login(alice.user)
+    page.force_login(alice_api.user)
     html = page.get(f"/jobs/{body['id']}/").content.decode()
     assert "elastic on 1–2 nodes" in html
     assert "elastic on" not in page.get(f"/jobs/{plain['id']}/").content.decode()
@@ -140,10 +129,10 @@ def _finish(job, rank: int, code: int):
 
 
 @pytest.mark.django_db
-def test_a_failed_node_of_an_elastic_job_is_a_node_lost_fault_and_the_others_finish_it(alice, tmp_path):
+def test_a_failed_node_of_an_elastic_job_is_a_node_lost_fault_and_the_others_finish_it(alice_api, tmp_path):
     from controlplane.jobs.selectors import restarts_left
 
-    job = _elastic_job(alice.team, tmp_path)
+    job = _elastic_job(alice_api.team, tmp_path)
     _finish(job, 1, 1)
     assert job.state == "running"
     [fault] = job.faults.all()
@@ -154,13 +143,13 @@ def test_a_failed_node_of_an_elastic_job_is_a_node_lost_fault_and_the_others_fin
     )  # the survivors' restart is what counts (their watch's fault)
     _finish(job, 0, 0)
     assert job.state == "succeeded" and job.attempts == 1, job.human_readable_error
-    api = alice.get(f"/api/jobs/{job.pk}/").json()
+    api = alice_api.get(f"/api/jobs/{job.pk}/").json()
     assert [(f["kind"], f["node_name"]) for f in api["faults"]] == [("node-lost", "node-b")]
 
 
 @pytest.mark.django_db
-def test_a_failed_node_of_a_job_that_is_not_elastic_still_fails_it(alice, tmp_path):
-    job = _elastic_job(alice.team, tmp_path, min_nodes=2)
+def test_a_failed_node_of_a_job_that_is_not_elastic_still_fails_it(alice_api, tmp_path):
+    job = _elastic_job(alice_api.team, tmp_path, min_nodes=2)
     _finish(job, 1, 1)
     assert job.state == "running" and not job.faults.exists()
     _finish(job, 0, 0)
@@ -168,19 +157,19 @@ def test_a_failed_node_of_a_job_that_is_not_elastic_still_fails_it(alice, tmp_pa
 
 
 @pytest.mark.django_db
-def test_the_last_live_node_failing_fails_the_elastic_job(alice, tmp_path):
-    job = _elastic_job(alice.team, tmp_path)
+def test_the_last_live_node_failing_fails_the_elastic_job(alice_api, tmp_path):
+    job = _elastic_job(alice_api.team, tmp_path)
     _finish(job, 1, 1)
     _finish(job, 0, 1)
     assert job.state == "failed" and "node 0 exited with code 1" in job.human_readable_error
 
 
 @pytest.mark.django_db
-def test_a_silent_node_is_lost_not_the_job_and_no_new_attempt_starts(alice, tmp_path):
+def test_a_silent_node_is_lost_not_the_job_and_no_new_attempt_starts(alice_api, tmp_path):
     from controlplane.jobs.models import JobNode
     from controlplane.jobs.services import heartbeat, reap_orphans
 
-    job = _elastic_job(alice.team, tmp_path, beat_ago=(1, 30))
+    job = _elastic_job(alice_api.team, tmp_path, beat_ago=(1, 30))
     assert reap_orphans(stale_after=timedelta(seconds=5)) == []
     job.refresh_from_db()
     assert job.state == "running" and job.attempts == 1
@@ -197,10 +186,10 @@ def test_a_silent_node_is_lost_not_the_job_and_no_new_attempt_starts(alice, tmp_
 
 
 @pytest.mark.django_db
-def test_a_silent_node_after_the_others_succeeded_settles_the_job_succeeded(alice, tmp_path):
+def test_a_silent_node_after_the_others_succeeded_settles_the_job_succeeded(alice_api, tmp_path):
     from controlplane.jobs.services import reap_orphans
 
-    job = _elastic_job(alice.team, tmp_path, beat_ago=(1, 30))
+    job = _elastic_job(alice_api.team, tmp_path, beat_ago=(1, 30))
     _finish(job, 0, 0)
     assert job.state == "running"  # node 1 has not reported yet
     reap_orphans(stale_after=timedelta(seconds=5))
@@ -210,10 +199,10 @@ def test_a_silent_node_after_the_others_succeeded_settles_the_job_succeeded(alic
 
 
 @pytest.mark.django_db
-def test_losing_node_0_which_hosts_the_rendezvous_store_resumes_the_job_as_a_new_attempt(alice, tmp_path):
+def test_losing_node_0_which_hosts_the_rendezvous_store_resumes_the_job_as_a_new_attempt(alice_api, tmp_path):
     from controlplane.jobs.services import reap_orphans
 
-    job = _elastic_job(alice.team, tmp_path, beat_ago=(30, 1))
+    job = _elastic_job(alice_api.team, tmp_path, beat_ago=(30, 1))
     reap_orphans(stale_after=timedelta(seconds=5))
     job.refresh_from_db()
     assert job.state == "queued" and job.attempts == 2 and job.config["resume"] is True
@@ -223,10 +212,10 @@ def test_losing_node_0_which_hosts_the_rendezvous_store_resumes_the_job_as_a_new
 
 
 @pytest.mark.django_db
-def test_a_node_worker_online_joins_an_elastic_attempt_short_of_nodes(alice, tmp_path):
+def test_a_node_worker_online_joins_an_elastic_attempt_short_of_nodes(alice_api, tmp_path):
     from controlplane.jobs.recovery import grow_elastic_jobs
 
-    job = _elastic_job(alice.team, tmp_path)
+    job = _elastic_job(alice_api.team, tmp_path)
     assert grow_elastic_jobs(node_queues=["node.node-c"]) == []  # at max_nodes: nothing to grow
     _finish(job, 1, 1)
     # node-a runs it already; node-b's worker comes back
@@ -290,9 +279,10 @@ def _elastic_body(steps: int) -> dict:
                  snapshot_every=2, max_restarts=5, profile_every=0)  # fmt: skip
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_stack, alice):
+def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_stack, alice_api):
     """node-b's Celery worker (its process group; its agent and rank follow it) is SIGKILLed while both nodes
     train: node-a goes on alone (dp 2 -> 1, resharded from the newest snapshot); node-b is recorded lost, the
     job is neither failed nor resumed as a new attempt; it ends succeeded on one rank, finite losses."""
@@ -306,7 +296,7 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
     workers = {name: _start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
     try:
         wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
-        r = alice.post("/api/jobs/", _elastic_body(steps), format="json")
+        r = alice_api.post("/api/jobs/", _elastic_body(steps), format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
         wait_for(lambda: _training_on(stream, 2, 6), 120, "both nodes to train together")
@@ -345,9 +335,12 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
     assert len(losses) >= steps and all(math.isfinite(x) for x in losses)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes_online(live_stack, alice):
+def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes_online(
+    live_stack, alice_api
+):
     """Only node-a's worker is online: the elastic job (1-2 nodes) starts on it alone (dp 1). node-b's worker
     starts: it offers itself, joins the running attempt as its second node, and the group grows to 2 ranks
     (resharded from the newest snapshot). The run is long: the test cancels it once the grown group trains."""
@@ -358,7 +351,7 @@ def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes
     workers = {"node-a": _start_node_worker(live_stack, "node-a")}
     try:
         wait_for(lambda: online_node_queues() == ["node.node-a"], 60, "node-a's worker")
-        r = alice.post("/api/jobs/", _elastic_body(100_000), format="json")
+        r = alice_api.post("/api/jobs/", _elastic_body(100_000), format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
         wait_for(lambda: _training_on(stream, 1, 4), 120, "node-a to train alone")
@@ -376,7 +369,7 @@ def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes
         assert job.state == "running" and job.attempts == 1 and not job.faults.exists(), list(
             job.faults.values_list("kind", "message")
         )
-        alice.post(f"/api/jobs/{job_id}/cancel/")
+        alice_api.post(f"/api/jobs/{job_id}/cancel/")
         job = wait_for(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the cancel")
     finally:
         stop(list(workers.values()))

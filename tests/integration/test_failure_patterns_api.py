@@ -24,15 +24,6 @@ gpu-node-02,1767400000,Kernel panic,T-3
 
 
 @pytest.fixture
-def alice(make_member):
-    user = make_member("alice", "Team A")
-    client = APIClient()
-    client.force_authenticate(user)
-    client.user = user
-    return client
-
-
-@pytest.fixture
 def bob(make_member):
     client = APIClient()
     client.force_authenticate(make_member("bob", "Team B"))
@@ -45,8 +36,8 @@ def patterns(client) -> dict[str, dict]:
     return {p["key"]: p for p in r.json()["results"]}
 
 
-def test_the_published_kinds_are_listed_with_their_sources(alice):
-    listed = patterns(alice)
+def test_the_published_kinds_are_listed_with_their_sources(alice_api):
+    listed = patterns(alice_api)
     assert list(listed) == list(KINDS)
     hbm = listed["gpu_hbm3"]
     assert hbm["published"]["count"] == 72 and hbm["published"]["source"] == LLAMA3_TABLE5_SOURCE
@@ -54,21 +45,21 @@ def test_the_published_kinds_are_listed_with_their_sources(alice):
     assert hbm["prevention"]["action"] == "snapshot-then-drain" and hbm["observed"] is None
 
 
-def test_one_pattern_by_its_key_or_its_kind_as_written(alice):
-    r = alice.get("/api/failure-patterns/gpu_thermal/")
+def test_one_pattern_by_its_key_or_its_kind_as_written(alice_api):
+    r = alice_api.get("/api/failure-patterns/gpu_thermal/")
     assert r.status_code == 200 and r.json()["component"] == "GPU Thermal Interface + Sensor"
-    r = alice.get("/api/failure-patterns/GPU HBM3 Memory/")
+    r = alice_api.get("/api/failure-patterns/GPU HBM3 Memory/")
     assert r.status_code == 200 and r.json()["key"] == "gpu_hbm3"
 
 
-def test_an_unknown_pattern_is_a_404_that_says_so(alice):
-    r = alice.get("/api/failure-patterns/flux_capacitor/")
+def test_an_unknown_pattern_is_a_404_that_says_so(alice_api):
+    r = alice_api.get("/api/failure-patterns/flux_capacitor/")
     assert r.status_code == 404
     assert "No failure pattern 'flux_capacitor'" in r.json()["detail"]
 
 
-def test_an_imported_incident_list_extends_the_counts_and_adds_new_kinds(alice):
-    r = alice.post(
+def test_an_imported_incident_list_extends_the_counts_and_adds_new_kinds(alice_api):
+    r = alice_api.post(
         "/api/failure-patterns/incidents/", {"csv": INCIDENTS, "source_name": "tickets.csv"}, format="json"
     )
     assert r.status_code == 201, r.content
@@ -80,7 +71,7 @@ def test_an_imported_incident_list_extends_the_counts_and_adds_new_kinds(alice):
         "duplicates": 0,
         "patterns": {"gpu_hbm3": 2, "kernel_panic": 1},
     }
-    listed = patterns(alice)
+    listed = patterns(alice_api)
     hbm = listed["gpu_hbm3"]["observed"]
     assert (hbm["count"], hbm["node_count"], hbm["nodes"]) == (2, 2, ["gpu-node-01", "gpu-node-02"])
     assert hbm["share"] == pytest.approx(2 / 3) and hbm["sources"] == [{"name": "tickets.csv", "count": 2}]
@@ -92,15 +83,15 @@ def test_an_imported_incident_list_extends_the_counts_and_adds_new_kinds(alice):
         None,
         "imported, no published rate",
     )
-    assert alice.get("/api/failure-patterns/kernel_panic/").json()["observed"]["count"] == 1
+    assert alice_api.get("/api/failure-patterns/kernel_panic/").json()["observed"]["count"] == 1
 
     # the same list again (uploaded as a file this time) adds nothing: each incident is counted once
     upload = SimpleUploadedFile("tickets-again.csv", INCIDENTS.encode(), content_type="text/csv")
-    r = alice.post("/api/failure-patterns/incidents/", {"file": upload}, format="multipart")
+    r = alice_api.post("/api/failure-patterns/incidents/", {"file": upload}, format="multipart")
     assert r.status_code == 201, r.content
     assert (r.json()["source"], r.json()["imported"], r.json()["duplicates"]) == ("tickets-again.csv", 0, 3)
-    assert patterns(alice)["gpu_hbm3"]["observed"]["count"] == 2
-    r = alice.get("/api/failure-patterns/incidents/")
+    assert patterns(alice_api)["gpu_hbm3"]["observed"]["count"] == 2
+    r = alice_api.get("/api/failure-patterns/incidents/")
     assert r.json()["count"] == 3
     assert {i["pattern"] for i in r.json()["results"]} == {"gpu_hbm3", "kernel_panic"}
 
@@ -125,25 +116,25 @@ def test_an_imported_incident_list_extends_the_counts_and_adds_new_kinds(alice):
         ("node,time,kind\n", "a header but no incident"),
     ],
 )
-def test_a_bad_incident_list_is_a_400_naming_the_line_and_stores_nothing(alice, text, problem):
+def test_a_bad_incident_list_is_a_400_naming_the_line_and_stores_nothing(alice_api, text, problem):
     from controlplane.jobs.models import FailureIncident
 
-    r = alice.post("/api/failure-patterns/incidents/", {"csv": text}, format="json")
+    r = alice_api.post("/api/failure-patterns/incidents/", {"csv": text}, format="json")
     assert r.status_code == 400, r.content
     assert any(problem in line for line in r.json()["csv"]), r.json()
     assert not FailureIncident.objects.exists()
 
 
-def test_an_upload_that_is_not_utf8_text_is_a_400(alice):
+def test_an_upload_that_is_not_utf8_text_is_a_400(alice_api):
     upload = SimpleUploadedFile(
         "tickets.csv", b"node,time,kind\n\xff\xfe,1767225600,nic\n", content_type="text/csv"
     )
-    r = alice.post("/api/failure-patterns/incidents/", {"file": upload}, format="multipart")
+    r = alice_api.post("/api/failure-patterns/incidents/", {"file": upload}, format="multipart")
     assert r.status_code == 400 and "not UTF-8 text" in r.json()["file"][0], r.content
 
 
-def test_another_team_sees_none_of_the_incidents(alice, bob):
-    r = alice.post("/api/failure-patterns/incidents/", {"csv": INCIDENTS}, format="json")
+def test_another_team_sees_none_of_the_incidents(alice_api, bob):
+    r = alice_api.post("/api/failure-patterns/incidents/", {"csv": INCIDENTS}, format="json")
     assert r.status_code == 201, r.content
 
     theirs = patterns(bob)
@@ -151,18 +142,18 @@ def test_another_team_sees_none_of_the_incidents(alice, bob):
     r = bob.get("/api/failure-patterns/kernel_panic/")
     assert r.status_code == 404 and "kernel_panic" in r.json()["detail"]
     assert bob.get("/api/failure-patterns/incidents/").json()["count"] == 0
-    # nor can it import into alice's team
+    # nor can it import into alice_api's team
     r = bob.post("/api/failure-patterns/incidents/", {"csv": INCIDENTS, "team": "team-a"}, format="json")
     assert r.status_code == 400 and list(r.json()) == ["team"]
 
 
-def test_the_pages_list_every_pattern_and_cite_their_sources(alice):
-    r = alice.post(
+def test_the_pages_list_every_pattern_and_cite_their_sources(alice_api):
+    r = alice_api.post(
         "/api/failure-patterns/incidents/", {"csv": INCIDENTS, "source_name": "tickets.csv"}, format="json"
     )
     assert r.status_code == 201
     browser = Client()
-    browser.force_login(alice.user)
+    browser.force_login(alice_api.user)
     html = browser.get("/failure-patterns/").content.decode()
     for key in (*KINDS, "kernel_panic"):
         assert f'href="/failure-patterns/{key}/"' in html, key

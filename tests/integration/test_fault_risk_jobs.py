@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from rest_framework.test import APIClient
 
 from tests.integration.test_jobs import example, wait_for_state
 from workers.reliability.degrade import StopBursts
@@ -32,20 +31,13 @@ HEALTHY_S = 7.0  # > the detector's 5 one-second buckets of history, after its w
 GOAL_S = 10.0  # issue 14: flagged within 10 s of the degradation
 
 
-@pytest.fixture
-def alice_client(make_member):
-    client = APIClient()
-    client.force_authenticate(make_member("alice", "Team A"))
-    return client
-
-
 def risk_events(stream: str) -> list[dict]:
     from controlplane.live.models import StreamEvent
 
     return [e.values for e in StreamEvent.objects.filter(stream=stream, kind="risk").order_by("seq")]
 
 
-def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live_stack, alice_client):
+def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live_stack, alice_api):
     from controlplane.jobs.models import TrainingJob
 
     body = {
@@ -57,7 +49,7 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
         "device": "cpu",
         "snapshot_every": 100_000,  # protected, but no periodic snapshot while the test runs
     }
-    r = alice_client.post("/api/jobs/", body, format="json")
+    r = alice_api.post("/api/jobs/", body, format="json")
     assert r.status_code == 201, r.content
     job = TrainingJob.objects.get(pk=r.json()["id"])
     # the worker's var directory is the stack's own: its job directory holds the ranks' progress files
@@ -84,7 +76,7 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
             time.sleep(0.2)
         assert healthy and healthy[-1]["straggler"]["buckets_scored"] >= 5, healthy[-1:]
         assert not [e for e in healthy if "flag" in e], [e["flag"] for e in healthy if "flag" in e]
-        risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
+        risk = alice_api.get(f"/api/jobs/{job.pk}/").json()["risk"]
         assert risk["level"] == "low" and risk["badge"] == "low" and risk["flags"] == risk["actions"] == []
         assert risk["protected"] is True and len(risk["nodes"]) == 1
         assert {row["rank"] for row in healthy[-1]["ranks"]} == set(range(RANKS))
@@ -116,7 +108,7 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     finally:
         if bursts is not None:
             bursts.stop()
-        alice_client.post(f"/api/jobs/{job.pk}/cancel/")
+        alice_api.post(f"/api/jobs/{job.pk}/cancel/")
     assert flags, f"no flag {GOAL_S + 3:.0f} s after the degradation: {risk_events(job.stream)[-1:]}"
     flag = flags[0]["flag"]
     assert {e["flag"]["rank"] for e in flags} == {DEGRADED_RANK}, [e["flag"] for e in flags]
@@ -124,7 +116,7 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     assert flag["t"] >= bursts.started_unix and flag["signal"] == "compute"
     assert f"rank {DEGRADED_RANK} " in flag["reason"] and "wait for it" in flag["reason"]
     assert flags[0]["level"] == "high" and flags[0]["risk"] == 1.0
-    risk = alice_client.get(f"/api/jobs/{job.pk}/").json()["risk"]
+    risk = alice_api.get(f"/api/jobs/{job.pk}/").json()["risk"]
     assert risk["badge"] == "high" and [f["rank"] for f in risk["flags"]][:1] == [DEGRADED_RANK]
     assert [(a["action"], a["status"]) for a in risk["actions"]][:4] == [
         ("warn", "sent"),
@@ -138,13 +130,14 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
     assert outcome["previous_snapshot_step"] is None and outcome["steps_protected"] is None  # the first one
     assert f"rank {DEGRADED_RANK} " in done[0]["reason"] and done[0]["risk"] >= 0.85
     assert trained_after >= 20, "the job did not train on after its snapshot"
-    snapshots = alice_client.get(f"/api/jobs/{job.pk}/").json()["snapshots"]
+    snapshots = alice_api.get(f"/api/jobs/{job.pk}/").json()["snapshots"]
     assert any(s["step"] == outcome["step"] for s in snapshots), snapshots
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=60).state == "cancelled"
 
 
+@pytest.mark.long
 def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_goes_on(
-    live_stack, alice_client
+    live_stack, alice_api
 ):
     """Two node workers (node-a, node-b) run an elastic job (1-2 nodes, 2 ranks each). A rank of node-b is
     stopped in bursts: node 0's risk watch (the nodes share this machine's progress directory, so it scores
@@ -164,7 +157,7 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
         wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
         body = job_body(strategy={"dp": 4}, steps=100_000, max_nodes=2, min_nodes=1, snapshot_every=1000,
                         max_restarts=5, profile_every=0)  # fmt: skip
-        r = alice_client.post("/api/jobs/", body, format="json")
+        r = alice_api.post("/api/jobs/", body, format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
         wait_for(lambda: _training_on(stream, 4, 10), 120, "both nodes to train together")
@@ -191,7 +184,7 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
             "the job running again",
         )
         assert job.attempts == 1, (job.state, job.human_readable_error)
-        alice_client.post(f"/api/jobs/{job_id}/cancel/")
+        alice_api.post(f"/api/jobs/{job_id}/cancel/")
         job = wait_for(lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the cancel")
     finally:
         if bursts is not None:

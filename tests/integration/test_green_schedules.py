@@ -34,16 +34,6 @@ def no_live_providers(monkeypatch):
         monkeypatch.delenv(key, raising=False)
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def bob(make_member):
-    return make_member("bob", "Team B")
-
-
 def api(user) -> APIClient:
     client = APIClient()
     client.force_authenticate(user)

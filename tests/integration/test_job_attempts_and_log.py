@@ -24,18 +24,6 @@ NOISE = (
 )
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def alice_client(alice):
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
-
-
 def stored(job_id: int, kind: str | None = None) -> list:
     from controlplane.live.models import StreamEvent
 
@@ -61,20 +49,20 @@ def log_lines(job_id: int) -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_a_cancel_ends_clean_and_says_who_cancelled(live_stack, alice_client):
-    r = alice_client.post("/api/jobs/", job_payload(steps=100000, profile_every=2), format="json")
+def test_a_cancel_ends_clean_and_says_who_cancelled(live_stack, alice_api):
+    r = alice_api.post("/api/jobs/", job_payload(steps=100000, profile_every=2), format="json")
     assert r.status_code == 201, r.content
     job_id = r.json()["id"]
     wait_for_state(job_id, {"running"})
     # the log streams while the job runs: its own step lines, without the profiler's markers
     wait_until("live log line", lambda: any(line.startswith("step ") for line in log_lines(job_id)))
     wait_until("profiled step", lambda: any(e.values.get("profiled") for e in stored(job_id, "train")))
-    assert alice_client.post(f"/api/jobs/{job_id}/cancel/").status_code == 202
+    assert alice_api.post(f"/api/jobs/{job_id}/cancel/").status_code == 202
 
     job = wait_for_state(job_id, {"cancelled", "failed", "succeeded"}, timeout=60)
     assert job.state == "cancelled"
     assert job.human_readable_error == "Cancelled by alice." and job.error == ""
-    assert alice_client.get(f"/api/jobs/{job_id}/").json()["cancelled_by"] == "alice"
+    assert alice_api.get(f"/api/jobs/{job_id}/").json()["cancelled_by"] == "alice"
     assert "step " in job.log_tail
     for noise in NOISE:
         assert noise not in job.log_tail, noise
@@ -94,21 +82,19 @@ def test_a_cancel_ends_clean_and_says_who_cancelled(live_stack, alice_client):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_every_event_says_its_attempt_and_train_events_say_which_steps_were_profiled(
-    live_stack, alice_client
-):
+def test_every_event_says_its_attempt_and_train_events_say_which_steps_were_profiled(live_stack, alice_api):
     from controlplane.jobs.models import TrainingJob
     from controlplane.jobs.selectors import compared_series
 
-    r = alice_client.post("/api/jobs/", job_payload(steps=100000, profile_every=3), format="json")
+    r = alice_api.post("/api/jobs/", job_payload(steps=100000, profile_every=3), format="json")
     job_id = r.json()["id"]
     wait_until("7 steps of attempt 1", lambda: len(train_steps_of(job_id, 1)) >= 7)
-    alice_client.post(f"/api/jobs/{job_id}/cancel/")
+    alice_api.post(f"/api/jobs/{job_id}/cancel/")
     wait_for_state(job_id, {"cancelled"}, timeout=60)
-    r = alice_client.post(f"/api/jobs/{job_id}/relaunch/")
+    r = alice_api.post(f"/api/jobs/{job_id}/relaunch/")
     assert r.status_code == 202 and r.json()["attempts"] == 2
     wait_until("4 steps of attempt 2", lambda: len(train_steps_of(job_id, 2)) >= 4)
-    alice_client.post(f"/api/jobs/{job_id}/cancel/")
+    alice_api.post(f"/api/jobs/{job_id}/cancel/")
     wait_for_state(job_id, {"cancelled"}, timeout=60)
     wait_until(
         "the second cancel stored",

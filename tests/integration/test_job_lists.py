@@ -15,21 +15,6 @@ from rest_framework.test import APIClient
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def client_of():
-    def make(user) -> APIClient:
-        c = APIClient()
-        c.force_authenticate(user)
-        return c
-
-    return make
-
-
 def a_job(user, **fields):
     from controlplane.jobs.models import TrainingJob
 
@@ -67,9 +52,9 @@ def train_events(job, steps, *, attempt=None, profiled=(), step_time=lambda s: 0
 # ------------------------------------------------------------------------------------- tags and notes
 
 
-def test_tags_and_notes_are_set_with_patch_and_listed(alice, client_of):
+def test_tags_and_notes_are_set_with_patch_and_listed(alice, api_client):
     job = a_job(alice)
-    api = client_of(alice)
+    api = api_client(alice)
     r = api.patch(
         f"/api/jobs/{job.pk}/",
         {"tags": [" baseline ", "lr-sweep", "baseline"], "notes": "first try\nlr 3e-4"},
@@ -105,9 +90,9 @@ def test_tags_and_notes_are_set_with_patch_and_listed(alice, client_of):
         ({"name": "renamed"}, "name", "unknown field"),
     ],
 )
-def test_bad_tags_or_notes_are_a_400_naming_the_field(alice, client_of, body, field, words):
+def test_bad_tags_or_notes_are_a_400_naming_the_field(alice, api_client, body, field, words):
     job = a_job(alice, tags=["keep"], notes="kept")
-    r = client_of(alice).patch(f"/api/jobs/{job.pk}/", body, format="json")
+    r = api_client(alice).patch(f"/api/jobs/{job.pk}/", body, format="json")
     assert r.status_code == 400, r.content
     assert list(r.json()) == [field]
     assert words in " ".join(r.json()[field])
@@ -115,20 +100,20 @@ def test_bad_tags_or_notes_are_a_400_naming_the_field(alice, client_of, body, fi
     assert job.tags == ["keep"] and job.notes == "kept" and job.name == "run"
 
 
-def test_line_breaks_and_tabs_are_fine_in_notes_and_twenty_tags_of_forty_characters_fit(alice, client_of):
+def test_line_breaks_and_tabs_are_fine_in_notes_and_twenty_tags_of_forty_characters_fit(alice, api_client):
     job = a_job(alice)
     tags = [f"{i:02d}" + "x" * 38 for i in range(20)]
-    r = client_of(alice).patch(
+    r = api_client(alice).patch(
         f"/api/jobs/{job.pk}/", {"tags": tags, "notes": "a\tb\r\nc" + "n" * 9_994}, format="json"
     )
     assert r.status_code == 200, r.content
     assert r.json()["tags"] == tags and len(r.json()["notes"]) == 10_000
 
 
-def test_another_teams_job_cannot_be_annotated_or_listed(alice, client_of, make_member):
+def test_another_teams_job_cannot_be_annotated_or_listed(alice, api_client, make_member):
     job = a_job(alice)
     bob = make_member("bob", "Team B")
-    bob_api = client_of(bob)
+    bob_api = api_client(bob)
     assert bob_api.patch(f"/api/jobs/{job.pk}/", {"tags": ["mine"]}, format="json").status_code == 404
     assert bob_api.get("/api/jobs/rows/").json() == []
     assert bob_api.get(f"/api/jobs/rows/?ids={job.pk}").json() == []
@@ -137,15 +122,15 @@ def test_another_teams_job_cannot_be_annotated_or_listed(alice, client_of, make_
     assert job.tags == []
 
 
-def test_put_is_not_a_way_to_rewrite_a_job(alice, client_of):
+def test_put_is_not_a_way_to_rewrite_a_job(alice, api_client):
     job = a_job(alice)
-    assert client_of(alice).put(f"/api/jobs/{job.pk}/", {"tags": []}, format="json").status_code == 405
+    assert api_client(alice).put(f"/api/jobs/{job.pk}/", {"tags": []}, format="json").status_code == 405
 
 
 # -------------------------------------------------------------------------------------------- rows
 
 
-def test_rows_of_a_stopped_job_are_the_mean_of_its_latest_steady_steps(alice, client_of):
+def test_rows_of_a_stopped_job_are_the_mean_of_its_latest_steady_steps(alice, api_client):
     """What the job page shows for a job without a run summary: the mean over the latest 10 steady steps
     of its latest run segment, leaving out the segment's first step and profiled steps."""
     job = a_job(alice, state="cancelled")
@@ -159,7 +144,7 @@ def test_rows_of_a_stopped_job_are_the_mean_of_its_latest_steady_steps(alice, cl
         step_time=lambda s: 9.0 if s in (1, 5) else 0.2 + 0.01 * s,
         start_seq=seq,
     )
-    row = client_of(alice).get(f"/api/jobs/rows/?ids={job.pk}").json()[0]
+    row = api_client(alice).get(f"/api/jobs/rows/?ids={job.pk}").json()[0]
     steady = [
         0.2 + 0.01 * s for s in (2, 3, 4, 6, 7, 8)
     ]  # attempt 2 only, without its first and profiled step
@@ -171,27 +156,27 @@ def test_rows_of_a_stopped_job_are_the_mean_of_its_latest_steady_steps(alice, cl
     assert row["last_seq"] == 38 and row["last_step"] == 8
 
 
-def test_rows_of_a_long_running_job_average_its_last_ten_steady_steps(alice, client_of):
+def test_rows_of_a_long_running_job_average_its_last_ten_steady_steps(alice, api_client):
     job = a_job(alice, state="running", config={"steps": 1000})
     train_events(job, range(1, 101), step_time=lambda s: 0.01 * s)
-    row = client_of(alice).get("/api/jobs/rows/").json()[0]
+    row = api_client(alice).get("/api/jobs/rows/").json()[0]
     assert row["measured_step_time_s"] == pytest.approx(0.01 * sum(range(91, 101)) / 10)
     assert row["progress"] == pytest.approx(0.1) and row["last_seq"] == 100
 
 
-def test_rows_of_a_succeeded_job_are_its_run_summary(alice, client_of):
+def test_rows_of_a_succeeded_job_are_its_run_summary(alice, api_client):
     job = a_job(
         alice, state="succeeded", measured={"step_time_s": 0.123, "tokens_per_s": 4567.0, "steps": 40}
     )
     train_events(job, range(1, 41))
-    row = client_of(alice).get("/api/jobs/rows/").json()[0]
+    row = api_client(alice).get("/api/jobs/rows/").json()[0]
     assert row["measured_step_time_s"] == 0.123 and row["tokens_per_s"] == 4567.0
     assert row["measured_is_final"] is True and row["progress"] == 1.0
 
 
-def test_rows_query_is_checked(alice, client_of):
+def test_rows_query_is_checked(alice, api_client):
     a_job(alice)
-    api = client_of(alice)
+    api = api_client(alice)
     assert list(api.get("/api/jobs/rows/?ids=1,x").json()) == ["ids"]
     assert list(api.get("/api/jobs/rows/?limit=0").json()) == ["limit"]
     ids = ",".join(str(i) for i in range(1, 202))

@@ -68,15 +68,6 @@ def _snapshot(job, step: int, *, verified=True, kind="full") -> dict:
 
 
 @pytest.fixture
-def alice(make_member):
-    user = make_member("alice", "Team A")
-    client = APIClient()
-    client.force_authenticate(user)
-    client.team = user.teams.first()
-    return client
-
-
-@pytest.fixture
 def bob(make_member):
     user = make_member("bob", "Team B")
     client = APIClient()
@@ -87,11 +78,11 @@ def bob(make_member):
 # --- restore -------------------------------------------------------------------------------------------
 
 
-def test_restore_starts_a_new_attempt_that_resumes_from_exactly_that_snapshot(alice):
-    job = _job(alice.team, tmp_path=Path("/nonexistent-elsewhere"))  # a directory this host does not see
+def test_restore_starts_a_new_attempt_that_resumes_from_exactly_that_snapshot(alice_api):
+    job = _job(alice_api.team, tmp_path=Path("/nonexistent-elsewhere"))  # a directory this host does not see
     for step in (5, 10, 15):
         _snapshot(job, step)
-    r = alice.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000010"}, format="json")
+    r = alice_api.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000010"}, format="json")
     assert r.status_code == 202, r.content
     body = r.json()
     assert body["state"] == "queued" and body["attempts"] == 2
@@ -102,34 +93,34 @@ def test_restore_starts_a_new_attempt_that_resumes_from_exactly_that_snapshot(al
     # a later relaunch resumes from the newest good snapshot, not from the restored one again
     job.state = "failed"
     job.save()
-    r = alice.post(f"/api/jobs/{job.pk}/relaunch/")
+    r = alice_api.post(f"/api/jobs/{job.pk}/relaunch/")
     assert r.status_code == 202, r.content
     assert "resume_from" not in r.json()["config"] and r.json()["config"]["resume"] is True
 
 
-def test_a_succeeded_job_can_be_restored_too(alice):
-    job = _job(alice.team, state="succeeded", tmp_path=Path("/nonexistent-elsewhere"))
+def test_a_succeeded_job_can_be_restored_too(alice_api):
+    job = _job(alice_api.team, state="succeeded", tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 20)
-    r = alice.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000020"}, format="json")
+    r = alice_api.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000020"}, format="json")
     assert r.status_code == 202, r.content
 
 
-def test_restore_refuses_a_snapshot_the_job_does_not_have_naming_those_it_has(alice):
-    job = _job(alice.team, tmp_path=Path("/nonexistent-elsewhere"))
+def test_restore_refuses_a_snapshot_the_job_does_not_have_naming_those_it_has(alice_api):
+    job = _job(alice_api.team, tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 5)
     _snapshot(job, 10)
-    r = alice.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000030"}, format="json")
+    r = alice_api.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000030"}, format="json")
     assert r.status_code == 400
     message = r.json()["snapshot"][0]
     assert "no snapshot 'step-00000030'" in message and "step-00000010, step-00000005" in message
 
-    plain = _job(alice.team)  # takes no snapshots
-    r = alice.post(f"/api/jobs/{plain.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
+    plain = _job(alice_api.team)  # takes no snapshots
+    r = alice_api.post(f"/api/jobs/{plain.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
     assert r.status_code == 400 and "snapshot_every > 0" in r.json()["snapshot"][0]
 
 
-def test_restore_refuses_unverified_removed_and_set_aside_snapshots(alice, tmp_path):
-    job = _job(alice.team, tmp_path=tmp_path)
+def test_restore_refuses_unverified_removed_and_set_aside_snapshots(alice_api, tmp_path):
+    job = _job(alice_api.team, tmp_path=tmp_path)
     root = tmp_path / "snapshots"
     root.mkdir()
     _snapshot(job, 5, verified=False)
@@ -137,27 +128,27 @@ def test_restore_refuses_unverified_removed_and_set_aside_snapshots(alice, tmp_p
     _snapshot(job, 15)
     (root / "step-00000015.superseded").mkdir()  # set aside by an earlier restore
     answers = {
-        name: alice.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": name}, format="json")
+        name: alice_api.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": name}, format="json")
         for name in ("step-00000005", "step-00000010", "step-00000015")
     }
     assert all(r.status_code == 400 for r in answers.values())
     assert "did not verify" in answers["step-00000005"].json()["snapshot"][0]
     assert "removed by retention" in answers["step-00000010"].json()["snapshot"][0]
     assert "set aside as superseded" in answers["step-00000015"].json()["snapshot"][0]
-    rows = {s["name"]: s for s in alice.get(f"/api/jobs/{job.pk}/").json()["snapshots"]}
+    rows = {s["name"]: s for s in alice_api.get(f"/api/jobs/{job.pk}/").json()["snapshots"]}
     assert rows["step-00000010"]["on_disk"] == "removed" and not rows["step-00000010"]["restorable"]
 
 
 @pytest.mark.parametrize("state", ["queued", "launching", "running", "recovering"])
-def test_restore_of_a_job_that_has_not_ended_is_a_409(alice, state):
-    job = _job(alice.team, state=state, tmp_path=Path("/nonexistent-elsewhere"))
+def test_restore_of_a_job_that_has_not_ended_is_a_409(alice_api, state):
+    job = _job(alice_api.team, state=state, tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 5)
-    r = alice.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
+    r = alice_api.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
     assert r.status_code == 409 and "cancel it" in r.json()["detail"]
 
 
-def test_restore_of_another_teams_job_is_a_404_like_no_job(alice, bob):
-    job = _job(alice.team, tmp_path=Path("/nonexistent-elsewhere"))
+def test_restore_of_another_teams_job_is_a_404_like_no_job(alice_api, bob):
+    job = _job(alice_api.team, tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 5)
     mine = bob.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
     none = bob.post("/api/jobs/987654321/restore/", {"snapshot": "step-00000005"}, format="json")
@@ -178,26 +169,26 @@ def test_restore_of_another_teams_job_is_a_404_like_no_job(alice, bob):
         (["step-00000005"], "non_field_errors"),
     ],
 )
-def test_restore_with_a_bad_body_is_a_400_naming_the_problem(alice, body, field):
-    job = _job(alice.team, tmp_path=Path("/nonexistent-elsewhere"))
+def test_restore_with_a_bad_body_is_a_400_naming_the_problem(alice_api, body, field):
+    job = _job(alice_api.team, tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 5)
-    r = alice.post(f"/api/jobs/{job.pk}/restore/", body, format="json")
+    r = alice_api.post(f"/api/jobs/{job.pk}/restore/", body, format="json")
     assert r.status_code == 400 and field in r.json(), r.content
 
 
-def test_restore_counts_against_the_teams_quota(alice):
+def test_restore_counts_against_the_teams_quota(alice_api):
     from controlplane.jobs import services
 
-    job = _job(alice.team, tmp_path=Path("/nonexistent-elsewhere"))
+    job = _job(alice_api.team, tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 5)
     for _ in range(services.MAX_ACTIVE_JOBS_PER_TEAM):
-        _job(alice.team, state="queued")
-    r = alice.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
+        _job(alice_api.team, state="queued")
+    r = alice_api.post(f"/api/jobs/{job.pk}/restore/", {"snapshot": "step-00000005"}, format="json")
     assert r.status_code == 429
 
 
-def test_the_schema_documents_restore_and_the_recovery_fields(alice):
-    schema = alice.get("/api/schema/?format=json").json()
+def test_the_schema_documents_restore_and_the_recovery_fields(alice_api):
+    schema = alice_api.get("/api/schema/?format=json").json()
     restore = schema["paths"]["/api/jobs/{id}/restore/"]["post"]
     assert {"202", "400", "404", "409", "429"} <= set(restore["responses"])
     job = schema["components"]["schemas"]["TrainingJob"]["properties"]
@@ -249,22 +240,22 @@ def _submit(client, **extra):
         ({"snapshot_memory_every": -1}, "snapshot_memory_every", "greater than or equal to 0"),
     ],
 )
-def test_submit_validates_the_restart_policy_and_the_faults_to_inject(alice, extra, field, words):
-    r = _submit(alice, **extra)
+def test_submit_validates_the_restart_policy_and_the_faults_to_inject(alice_api, extra, field, words):
+    r = _submit(alice_api, **extra)
     assert r.status_code == 400 and field in r.json(), r.content
     assert words in " ".join(r.json()[field]), r.json()
 
 
-def test_a_job_that_snapshots_gets_its_own_snapshot_directory_and_its_policy(alice):
+def test_a_job_that_snapshots_gets_its_own_snapshot_directory_and_its_policy(alice_api):
     from controlplane.jobs.models import TrainingJob
 
-    r = _submit(alice, snapshot_every=5, max_restarts=7, hang_timeout_s=30, inject="kill-rank@step=6",
+    r = _submit(alice_api, snapshot_every=5, max_restarts=7, hang_timeout_s=30, inject="kill-rank@step=6",
                 snapshot_memory_every=2)  # fmt: skip
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["max_restarts"] == 7 and body["hang_timeout_s"] == 30
     assert body["config"]["snapshot_memory_every"] == 2
-    logs = _submit(alice, snapshot_every=2, snapshot_full_every=4, snapshot_delta="log")
+    logs = _submit(alice_api, snapshot_every=2, snapshot_full_every=4, snapshot_delta="log")
     assert logs.status_code == 201 and logs.json()["config"]["snapshot_delta"] == "log", logs.content
     job = TrainingJob.objects.get(pk=body["id"])
     assert body["config"]["snapshot_dir"] == str(
@@ -272,29 +263,29 @@ def test_a_job_that_snapshots_gets_its_own_snapshot_directory_and_its_policy(ali
     )
     assert body["config"]["inject"] == "kill-rank@step=6"
     assert body["faults"] == [] and body["snapshots"] == [] and body["goodput"] is None
-    plain = _submit(alice).json()
+    plain = _submit(alice_api).json()
     assert (
         plain["max_restarts"] == 3 and plain["hang_timeout_s"] == 60 and not plain["config"]["snapshot_dir"]
     )
 
 
-def test_the_service_bounds_the_policy_too(alice):
+def test_the_service_bounds_the_policy_too(alice_api):
     from rest_framework.exceptions import ValidationError
 
     from controlplane.jobs.services import job_create
 
     with pytest.raises(ValidationError) as err:
-        job_create(team=alice.team, name="x", config=_config(None), max_restarts=500, launch=False)
+        job_create(team=alice_api.team, name="x", config=_config(None), max_restarts=500, launch=False)
     assert "max_restarts" in err.value.detail
 
 
 # --- what the recovery engine reports ------------------------------------------------------------------
 
 
-def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice, bob):
+def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice_api, bob):
     from controlplane.jobs.recovery import record_fault, record_recovery
 
-    job = _job(alice.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
+    job = _job(alice_api.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
     detected = time.time()
     fault = {
         "kind": "rank-killed",
@@ -307,7 +298,7 @@ def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice, 
     record_fault(job_id=job.pk, attempt=1, fault=fault)
     job.refresh_from_db()
     assert job.state == "recovering"
-    body = alice.get(f"/api/jobs/{job.pk}/").json()
+    body = alice_api.get(f"/api/jobs/{job.pk}/").json()
     assert body["state"] == "recovering" and body["faults"][0]["kind"] == "rank-killed"
     assert body["faults"][0]["recovered_at"] is None and body["faults"][0]["step"] == 12
 
@@ -322,7 +313,7 @@ def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice, 
     record_recovery(job_id=job.pk, attempt=1, recovery=recovery)
     job.refresh_from_db()
     assert job.state == "running"
-    [row] = alice.get(f"/api/jobs/{job.pk}/").json()["faults"]
+    [row] = alice_api.get(f"/api/jobs/{job.pk}/").json()["faults"]
     assert (row["resumed_from_step"], row["snapshot"], row["steps_lost"], row["rto_s"]) == (
         10,
         "step-00000010",
@@ -334,10 +325,10 @@ def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice, 
     assert bob.get("/api/jobs/?state=running").json()["results"] == []
 
 
-def test_a_recovery_whose_fault_was_never_recorded_is_kept_whole(alice):
+def test_a_recovery_whose_fault_was_never_recorded_is_kept_whole(alice_api):
     from controlplane.jobs.recovery import record_recovery
 
-    job = _job(alice.team, state="running")
+    job = _job(alice_api.team, state="running")
     now = time.time()
     record_recovery(
         job_id=job.pk,
@@ -365,20 +356,20 @@ def test_a_recovery_whose_fault_was_never_recorded_is_kept_whole(alice):
     )
 
 
-def test_a_snapshot_reported_again_replaces_its_row(alice):
-    job = _job(alice.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
+def test_a_snapshot_reported_again_replaces_its_row(alice_api):
+    job = _job(alice_api.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 10, kind="full")
     _snapshot(job, 10, kind="delta")  # a restore's new attempt wrote step 10 again
-    [row] = alice.get(f"/api/jobs/{job.pk}/").json()["snapshots"]
+    [row] = alice_api.get(f"/api/jobs/{job.pk}/").json()["snapshots"]
     assert row["kind"] == "delta" and row["base"] == "step-00000005" and row["on_disk"] is None
 
 
-def test_the_end_of_run_report_stores_goodput_and_snapshots(alice):
+def test_the_end_of_run_report_stores_goodput_and_snapshots(alice_api):
     from controlplane.common.models import JobState
     from controlplane.jobs.models import JobNode
     from controlplane.jobs.services import node_finished
 
-    job = _job(alice.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
+    job = _job(alice_api.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
     node = JobNode.objects.create(job=job, attempt=1, node_rank=0, state=JobState.RUNNING)
     goodput = {
         "wall_s": 100.0,
@@ -424,7 +415,7 @@ def test_the_end_of_run_report_stores_goodput_and_snapshots(alice):
         ],
     }
     node_finished(node=node, exit_code=0, cancelled=False, log_tail="", summary={"steps": 40}, elastic=report)
-    body = alice.get(f"/api/jobs/{job.pk}/").json()
+    body = alice_api.get(f"/api/jobs/{job.pk}/").json()
     assert body["state"] == "succeeded"
     assert body["goodput"]["goodput"] == 0.915 and body["goodput"]["restarts"] == 1
     assert body["goodput"]["badput"]["lost_progress_s"] == 2.0
@@ -461,10 +452,10 @@ def _running_with_silent_supervisor(team, tmp_path=None, **fields):
     return job
 
 
-def test_a_lost_worker_resumes_a_job_that_snapshots_as_a_new_attempt(alice):
+def test_a_lost_worker_resumes_a_job_that_snapshots_as_a_new_attempt(alice_api):
     from controlplane.jobs.services import job_progress_from_events, reap_orphans
 
-    job = _running_with_silent_supervisor(alice.team, tmp_path=Path("/nonexistent-elsewhere"))
+    job = _running_with_silent_supervisor(alice_api.team, tmp_path=Path("/nonexistent-elsewhere"))
     _snapshot(job, 10)
     assert reap_orphans(stale_after=timedelta(seconds=5)) == [job.pk]
     job.refresh_from_db()
@@ -495,13 +486,13 @@ def test_a_lost_worker_resumes_a_job_that_snapshots_as_a_new_attempt(alice):
     assert fault.rto_s == pytest.approx((fault.recovered_at - fault.detected_at).total_seconds())
 
 
-def test_a_lost_worker_fails_a_job_without_snapshots_or_restarts_left_saying_why(alice):
+def test_a_lost_worker_fails_a_job_without_snapshots_or_restarts_left_saying_why(alice_api):
     from controlplane.jobs.recovery import record_fault
     from controlplane.jobs.services import reap_orphans
 
-    plain = _running_with_silent_supervisor(alice.team)
+    plain = _running_with_silent_supervisor(alice_api.team)
     spent = _running_with_silent_supervisor(
-        alice.team, tmp_path=Path("/nonexistent-elsewhere"), max_restarts=1
+        alice_api.team, tmp_path=Path("/nonexistent-elsewhere"), max_restarts=1
     )
     record_fault(
         job_id=spent.pk, attempt=1, fault={"kind": "rank-killed", "rank": 0, "step": 4, "restart": 0}

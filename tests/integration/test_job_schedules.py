@@ -32,11 +32,6 @@ def forecast(values: list[float], start: datetime = T0, step_min: int = 30) -> s
     return "time,gco2_per_kwh\n" + "\n".join(rows) + "\n"
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
 def client_of(user) -> APIClient:
     client = APIClient()
     client.force_authenticate(user)
@@ -155,6 +150,7 @@ def test_a_scheduled_job_waits_and_a_cancel_ends_it_at_once(live_stack, alice):
     assert scheduling.launch_due(start) == []  # a cancelled job is not launched by its schedule
 
 
+@pytest.mark.long
 def test_an_interruptible_job_runs_in_its_slots_and_its_report_carries_the_saving(live_stack, alice):
     from controlplane.jobs import scheduling
     from controlplane.jobs.models import TrainingJob
@@ -211,6 +207,7 @@ def test_an_interruptible_job_runs_in_its_slots_and_its_report_carries_the_savin
     assert verdict["valid"] is True, verdict
 
 
+@pytest.mark.long
 def test_the_green_cli_runs_a_carbon_aware_job_profiles_its_energy_and_writes_its_report(
     live_stack, alice, token_for, tmp_path
 ):

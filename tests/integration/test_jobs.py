@@ -14,7 +14,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rest_framework.test import APIClient
 
 from tests.conftest import database_url_for_children, http, start_stack, stop_stack
 
@@ -37,14 +36,6 @@ def job_payload(steps=6, strategy="dp2.json", **extra) -> dict:
         "device": "cpu",
         **extra,
     }
-
-
-@pytest.fixture
-def alice_client(make_member):
-    alice = make_member("alice", "Team A")
-    client = APIClient()
-    client.force_authenticate(alice)
-    return client
 
 
 def wait_for_state(job_id: int, states: set[str], timeout: float = 180) -> object:
@@ -73,10 +64,10 @@ def processes_of(job_id: int) -> list[psutil.Process]:
     return found
 
 
-def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_path):
+def test_job_runs_streams_and_succeeds(live_stack, alice_api, token_for, tmp_path):
     from controlplane.live.models import StreamEvent
 
-    r = alice_client.post(
+    r = alice_api.post(
         "/api/jobs/",
         job_payload(steps=6, plan={"strategy": example("dp2.json"), "predicted": {"step_time_s": 0.05}}),
         format="json",
@@ -87,7 +78,7 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_
     assert job.world_size == 2 and job.attempts == 1
     assert job.measured["steps"] == 6 and job.measured["world_size"] == 2
     assert job.measured["tokens_per_s"] > 0 and job.measured["loss_last"] < job.measured["loss_first"]
-    body = alice_client.get(f"/api/jobs/{job.pk}/").json()
+    body = alice_api.get(f"/api/jobs/{job.pk}/").json()
     assert body["predicted_step_time_s"] == 0.05 and body["measured"]["step_time_s"] > 0
     # every train step was relayed into the database, in order
     deadline = time.monotonic() + 20
@@ -101,7 +92,7 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_
         time.sleep(0.3)
     assert steps == [1, 2, 3, 4, 5, 6]
     assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
-    history = alice_client.get(f"/api/jobs/{job.pk}/events/").json()
+    history = alice_api.get(f"/api/jobs/{job.pk}/events/").json()
     assert [e["seq"] for e in history] == sorted(e["seq"] for e in history)
     # none of the job's processes outlives it (a loaded machine may take a moment to reap torchrun's last)
     deadline = time.monotonic() + 10
@@ -112,7 +103,7 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_
     # from the deployment's zone (GB) through its shipped 2020 history, labelled as a stand-in
     energy = [e for e in history if e["kind"] == "energy"]
     assert [e["step"] for e in energy] == [5, 6]  # every 5 steps, and once after the last
-    totals = alice_client.get(f"/api/jobs/{job.pk}/").json()["energy"]
+    totals = alice_api.get(f"/api/jobs/{job.pk}/").json()["energy"]
     assert totals["kwh"] > totals["kwh_it"] > 0 and totals["pue"] == 1.58  # the cited default PUE
     assert totals["estimate"] is True and totals["method"] == "estimate" and "estimate" in totals["label"]
     assert totals["kgco2e"] > 0 and totals["kgco2e_market"] is None and totals["cost"] is None
@@ -126,7 +117,7 @@ def test_job_runs_streams_and_succeeds(live_stack, alice_client, token_for, tmp_
     assert job.measured["energy"]["results"]["kwh"]["facility"] == pytest.approx(totals["kwh"])
     check_node_telemetry_and_risk(history)
     token = token_for(job.created_by)
-    check_energy_report(alice_client, job, cli=(live_stack.base_url, token, tmp_path / "report.pdf"))
+    check_energy_report(alice_api, job, cli=(live_stack.base_url, token, tmp_path / "report.pdf"))
 
 
 def check_node_telemetry_and_risk(history: list[dict]) -> None:
@@ -251,37 +242,37 @@ def check_report_page(job, row, pdf: bytes, forged_pdf: bytes) -> None:
     assert browser.get("/green/reports/NOT-A-CODE/").status_code == 404
 
 
-def test_invalid_job_is_a_400_naming_the_field(live_stack, alice_client):
+def test_invalid_job_is_a_400_naming_the_field(live_stack, alice_api):
     bad = job_payload()
     bad["strategy"] = {**bad["strategy"], "tp": 3}
-    r = alice_client.post("/api/jobs/", bad, format="json")
+    r = alice_api.post("/api/jobs/", bad, format="json")
     assert r.status_code == 400 and "strategy.tp" in r.json()
-    r = alice_client.post("/api/jobs/", {**job_payload(), "nnodes": 3}, format="json")
+    r = alice_api.post("/api/jobs/", {**job_payload(), "nnodes": 3}, format="json")
     assert r.status_code == 400 and "nnodes" in r.json()
-    r = alice_client.post("/api/jobs/", {**job_payload(), "model": "big"}, format="json")
+    r = alice_api.post("/api/jobs/", {**job_payload(), "model": "big"}, format="json")
     assert r.status_code == 400 and "model" in r.json()
-    r = alice_client.post(
+    r = alice_api.post(
         "/api/jobs/", {k: v for k, v in job_payload().items() if k != "strategy"}, format="json"
     )
     assert r.status_code == 400 and "strategy" in r.json()
 
 
-def test_cancel_stops_every_process(live_stack, alice_client):
-    r = alice_client.post("/api/jobs/", job_payload(steps=100000), format="json")
+def test_cancel_stops_every_process(live_stack, alice_api):
+    r = alice_api.post("/api/jobs/", job_payload(steps=100000), format="json")
     job_id = r.json()["id"]
     wait_for_state(job_id, {"running"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(processes_of(job_id)) < 3:  # agent + 2 ranks
         time.sleep(0.2)
     assert len(processes_of(job_id)) >= 3
-    assert alice_client.post(f"/api/jobs/{job_id}/cancel/").status_code == 202
+    assert alice_api.post(f"/api/jobs/{job_id}/cancel/").status_code == 202
     job = wait_for_state(job_id, {"cancelled", "failed", "succeeded"}, timeout=60)
     assert job.state == "cancelled"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and processes_of(job_id):
         time.sleep(0.2)
     assert processes_of(job_id) == []
-    r = alice_client.post(f"/api/jobs/{job_id}/cancel/")
+    r = alice_api.post(f"/api/jobs/{job_id}/cancel/")
     assert r.status_code == 400 and "already ended" in r.json()["state"][0]
 
 
@@ -335,21 +326,22 @@ def test_killed_worker_leaves_the_job_failed_and_relaunchable(make_member, token
         stop_stack(stack)
 
 
-def test_relaunch_after_failure(live_stack, alice_client):
+def test_relaunch_after_failure(live_stack, alice_api):
     from controlplane.jobs.services import job_fail
 
-    r = alice_client.post("/api/jobs/", job_payload(steps=3), format="json")
+    r = alice_api.post("/api/jobs/", job_payload(steps=3), format="json")
     job_id = r.json()["id"]
     job = wait_for_state(job_id, {"succeeded", "failed"})
     assert job.state == "succeeded"
-    r = alice_client.post(f"/api/jobs/{job_id}/relaunch/")
+    r = alice_api.post(f"/api/jobs/{job_id}/relaunch/")
     assert r.status_code == 400  # a succeeded job is not relaunched
     job_fail(job_id=job_id, human="pretend")  # no-op: it already ended
     job = wait_for_state(job_id, {"succeeded"})
     assert job.attempts == 1
 
 
-def test_two_workers_as_two_nodes_run_one_job(live_stack, alice_client):
+@pytest.mark.long
+def test_two_workers_as_two_nodes_run_one_job(live_stack, alice_api):
     """One Celery worker per "node" (own node queue), one torchrun agent each, one c10d rendezvous."""
     import subprocess
 
@@ -384,12 +376,12 @@ def test_two_workers_as_two_nodes_run_one_job(live_stack, alice_client):
         while time.monotonic() < deadline and len(online_node_queues()) < 2:
             time.sleep(0.5)
         assert online_node_queues() == ["node.node-a", "node.node-b"]
-        r = alice_client.post("/api/jobs/", job_payload(steps=4, nnodes=2), format="json")
+        r = alice_api.post("/api/jobs/", job_payload(steps=4, nnodes=2), format="json")
         assert r.status_code == 201, r.content
         assert r.json()["nproc_per_node"] == 1
         job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
         assert job.state == "succeeded", (job.human_readable_error, job.log_tail)
-        nodes = alice_client.get(f"/api/jobs/{job.pk}/").json()["nodes"]
+        nodes = alice_api.get(f"/api/jobs/{job.pk}/").json()["nodes"]
         assert [(n["node_rank"], n["node_name"], n["state"], n["exit_code"]) for n in nodes] == [
             (0, "node-a", "succeeded", 0),
             (1, "node-b", "succeeded", 0),

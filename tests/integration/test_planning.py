@@ -61,41 +61,29 @@ class TestHardwareProfileApi(TeamScopedApiTests):
         ]
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def client(alice):
-    c = APIClient()
-    c.force_authenticate(alice)
-    return c
-
-
-def test_cluster_import_export_round_trips_in_json_and_yaml(client):
+def test_cluster_import_export_round_trips_in_json_and_yaml(alice_api):
     atlas = contract("cluster-atlas900.json")
-    r = client.post("/api/clusters/", yaml.safe_dump(atlas), content_type="application/yaml")
+    r = alice_api.post("/api/clusters/", yaml.safe_dump(atlas), content_type="application/yaml")
     assert r.status_code == 201, r.content
-    exported = client.get(f"/api/clusters/{r.json()['id']}/?format=yaml")
+    exported = alice_api.get(f"/api/clusters/{r.json()['id']}/?format=yaml")
     assert exported.status_code == 200
     doc = yaml.safe_load(exported.content)
     assert {k: v for k, v in doc.items() if k not in {"id", "team", "created_at", "updated_at"}} == atlas
-    as_json = client.get(f"/api/clusters/{r.json()['id']}/").json()
+    as_json = alice_api.get(f"/api/clusters/{r.json()['id']}/").json()
     assert {k: v for k, v in as_json.items() if k not in {"id", "team", "created_at", "updated_at"}} == atlas
 
 
-def test_cluster_validation_is_the_planners(client):
+def test_cluster_validation_is_the_planners(alice_api):
     bad = copy.deepcopy(contract("cluster-atlas900.json"))
     bad["inter_node"]["bandwidth_GBps"] = -3
     bad["tiers"][0]["nodes"] = 0
-    r = client.post("/api/clusters/", bad, format="json")
+    r = alice_api.post("/api/clusters/", bad, format="json")
     assert r.status_code == 400
     assert any(k.startswith("inter_node.bandwidth_GBps") for k in r.json()), r.json()
     assert any(k.startswith("tiers") for k in r.json()), r.json()
 
 
-def test_plan_import_is_costed_by_the_planner_and_filterable(client):
+def test_plan_import_is_costed_by_the_planner_and_filterable(alice_api):
     body = {
         "name": "my gpt3 plan",
         "model": contract("model.json"),
@@ -104,21 +92,21 @@ def test_plan_import_is_costed_by_the_planner_and_filterable(client):
         "strategy": {**contract("strategy.json"), "dp": 48},
         "predicted": {"step_time_s": 0.001},
     }
-    r = client.post("/api/plans/", body, format="json")
+    r = alice_api.post("/api/plans/", body, format="json")
     assert r.status_code == 201, r.content
     plan = r.json()
     assert plan["source"] == "imported" and plan["feasible"] is True
     assert plan["predicted"]["step_time_s"] > 1  # the planner's own prediction, not the one sent
-    assert client.get("/api/plans/?device=A100-SXM4-80GB").json()["count"] == 1
-    assert client.get("/api/plans/?device=H100").json()["count"] == 0
-    exported = client.get(f"/api/plans/{plan['id']}/plan-json/").json()
+    assert alice_api.get("/api/plans/?device=A100-SXM4-80GB").json()["count"] == 1
+    assert alice_api.get("/api/plans/?device=H100").json()["count"] == 0
+    exported = alice_api.get(f"/api/plans/{plan['id']}/plan-json/").json()
     assert set(exported) == {"strategy", "feasible", "reason", "predicted"}
     bad = {**body, "strategy": {**body["strategy"], "dp": 7}}
-    r = client.post("/api/plans/", bad, format="json")
+    r = alice_api.post("/api/plans/", bad, format="json")
     assert r.status_code == 400 and any(k.startswith("strategy") for k in r.json())
 
 
-def test_the_plan_page_advises_a_power_cap_from_the_plans_prediction_and_applies_nothing(client, alice):
+def test_the_plan_page_advises_a_power_cap_from_the_plans_prediction_and_applies_nothing(alice_api, alice):
     """The plan page's power-cap card is the engine's advice for the plan's predicted step (a labelled model:
     the device's TDP from the cluster, Zeus's cost at eta 0.5), with its time cost beside its saving."""
     from controlplane.planning.models import StoredPlan
@@ -133,7 +121,7 @@ def test_the_plan_page_advises_a_power_cap_from_the_plans_prediction_and_applies
         "training": contract("training.json"),
         "strategy": {**contract("strategy.json"), "dp": 48},
     }
-    r = client.post("/api/plans/", body, format="json")
+    r = alice_api.post("/api/plans/", body, format="json")
     assert r.status_code == 201, r.content
     plan = StoredPlan.objects.get(pk=r.json()["id"])
     cluster = ClusterSpec.from_dict(plan.cluster_doc)
@@ -145,8 +133,8 @@ def test_the_plan_page_advises_a_power_cap_from_the_plans_prediction_and_applies
     )
     limit, tdp = expected["recommended"]["limit_w"], expected["max_power_w"]
     assert 0 < limit < tdp and expected["slowdown_pct"] > 0 and expected["energy_saving_pct"] > 0
-    client.force_login(alice)
-    page = client.get(f"/planning/plans/{plan.pk}/")
+    alice_api.force_login(alice)
+    page = alice_api.get(f"/planning/plans/{plan.pk}/")
     assert page.status_code == 200
     html = page.content.decode()
     assert (
@@ -257,14 +245,14 @@ async def test_seed_search_end_to_end_with_live_progress(live_stack, alice, toke
     assert r.status_code == 400 and "lose_nodes" in r.json()
 
 
-def test_search_that_fits_nothing_fails_with_the_tightest_constraint(live_stack, client):
+def test_search_that_fits_nothing_fails_with_the_tightest_constraint(live_stack, alice_api):
     tiny_cluster = {**contract("cluster.json"), "num_nodes": 1, "name": "one-node"}
     body = {
         "cluster_doc": tiny_cluster,
         "model_doc": contract("model.json"),
         "training": contract("training.json"),
     }
-    r = client.post("/api/searches/", body, format="json")
+    r = alice_api.post("/api/searches/", body, format="json")
     assert r.status_code == 201, r.content
     search = wait_search(r.json()["id"])
     assert search.state == "failed"
@@ -272,11 +260,11 @@ def test_search_that_fits_nothing_fails_with_the_tightest_constraint(live_stack,
     assert "the device has 80 GiB" in search.human_readable_error
 
 
-def test_search_input_errors_name_the_field(client, make_member):
-    r = client.post("/api/searches/", {"training": contract("training.json")}, format="json")
+def test_search_input_errors_name_the_field(alice_api, make_member):
+    r = alice_api.post("/api/searches/", {"training": contract("training.json")}, format="json")
     assert r.status_code == 400 and {"cluster", "model"} <= set(r.json())
     bad_model = {**contract("model.json"), "num_layers": 0}
-    r = client.post(
+    r = alice_api.post(
         "/api/searches/",
         {
             "cluster_doc": contract("cluster.json"),
@@ -286,7 +274,7 @@ def test_search_input_errors_name_the_field(client, make_member):
         format="json",
     )
     assert r.status_code == 400 and "model.num_layers" in r.json()
-    r = client.post(
+    r = alice_api.post(
         "/api/searches/",
         {
             "cluster_doc": contract("cluster.json"),
@@ -301,7 +289,7 @@ def test_search_input_errors_name_the_field(client, make_member):
     bob_client = APIClient()
     bob_client.force_authenticate(bob)
     cid = bob_client.post("/api/clusters/", contract("cluster.json"), format="json").json()["id"]
-    r = client.post(
+    r = alice_api.post(
         "/api/searches/",
         {"cluster": cid, "model_doc": contract("model.json"), "training": contract("training.json")},
         format="json",
@@ -310,13 +298,13 @@ def test_search_input_errors_name_the_field(client, make_member):
 
 
 @pytest.mark.slow
-def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
+def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, alice_api):
     """StoredPlan → Launch → a real 2-rank CPU job → its measured step time lands beside the prediction."""
     from controlplane.planning.models import StoredPlan
 
-    imported = import_tiny_cpu_plan(client, "tiny on cpu")
+    imported = import_tiny_cpu_plan(alice_api, "tiny on cpu")
     plan_id = imported["id"]
-    r = client.post(
+    r = alice_api.post(
         "/api/jobs/", {"name": "from plan", "plan_id": plan_id, "steps": 5, "device": "cpu"}, format="json"
     )
     assert r.status_code == 201, r.content
@@ -330,9 +318,9 @@ def test_job_from_a_stored_plan_brings_its_measurement_back(live_stack, client):
     assert job.config["inter_node_GBps"] == imported["cluster"]["inter_node"]["bandwidth_GBps"]
     assert plan.measured["step_time_s"] == job.measured["step_time_s"] > 0
     assert plan.measured_source == f"job/{job.pk}"
-    assert client.get(f"/api/plans/{plan_id}/").json()["measured"]["tokens_per_s"] > 0
+    assert alice_api.get(f"/api/plans/{plan_id}/").json()["measured"]["tokens_per_s"] > 0
     # a model far too big for this machine is refused before anything starts
-    r = client.post(
+    r = alice_api.post(
         "/api/jobs/",
         {
             "name": "too big",

@@ -31,18 +31,6 @@ SEED_BEST = {
 
 
 @pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def client(alice):
-    c = APIClient()
-    c.force_authenticate(alice)
-    return c
-
-
-@pytest.fixture
 def bob_client(make_member):
     c = APIClient()
     c.force_authenticate(make_member("bob", "Team B"))
@@ -71,13 +59,13 @@ def small_example_search(client, alice):
     return search
 
 
-def test_the_small_example_searches_to_a_best_plan_that_trains_here(live_stack, client, alice):
+def test_the_small_example_searches_to_a_best_plan_that_trains_here(live_stack, alice_api, alice):
     from controlplane.planning.models import StoredPlan
 
-    search = small_example_search(client, alice)
+    search = small_example_search(alice_api, alice)
     best = search.best_plan
     assert best.device_count <= 4 and best.cluster_doc["name"] == "this-machine-cpu"
-    r = client.post(
+    r = alice_api.post(
         "/api/jobs/", {"name": "best of the small example", "plan_id": best.pk, "steps": 6}, format="json"
     )
     assert r.status_code == 201, r.content
@@ -87,29 +75,31 @@ def test_the_small_example_searches_to_a_best_plan_that_trains_here(live_stack, 
     assert StoredPlan.objects.get(pk=best.pk).measured["step_time_s"] > 0
 
 
-def test_a_point_the_search_did_not_store_is_saved_into_its_team(live_stack, client, bob_client, alice):
-    search = small_example_search(client, alice)
+def test_a_point_the_search_did_not_store_is_saved_into_its_team(live_stack, alice_api, bob_client, alice):
+    search = small_example_search(alice_api, alice)
     stored = [p.strategy for p in search.plans.all()]
     point = next(c["strategy"] for c in search.candidates if c["strategy"] not in stored)
     url = f"/api/searches/{search.pk}/save-plan/"
-    r = client.post(url, {"strategy": point}, format="json")
+    r = alice_api.post(url, {"strategy": point}, format="json")
     assert r.status_code == 201, r.content
     saved = r.json()
     assert saved["strategy"] == point and saved["search"] == search.pk and saved["rank"] is None
     assert saved["team"] == search.team.slug and saved["url"] == f"/planning/plans/{saved['id']}/"
     assert saved["predicted"]["step_time_s"] > 0
     # the same point again is the same plan; the search's own plans too
-    again = client.post(url, {"strategy": point}, format="json")
+    again = alice_api.post(url, {"strategy": point}, format="json")
     assert again.status_code == 200 and again.json()["id"] == saved["id"]
-    best = client.post(url, {"strategy": search.best_plan.strategy}, format="json")
+    best = alice_api.post(url, {"strategy": search.best_plan.strategy}, format="json")
     assert best.status_code == 200 and best.json()["id"] == search.best_plan.pk
     # a layout the scenario cannot take is a 400 naming the field; another team's search is not found
-    r = client.post(url, {"strategy": {**point, "dp": 3}}, format="json")
+    r = alice_api.post(url, {"strategy": {**point, "dp": 3}}, format="json")
     assert r.status_code == 400 and any(k.startswith("strategy.") for k in r.json()), r.json()
-    assert client.post(url, {"strategy": "dp2"}, format="json").status_code == 400
+    assert alice_api.post(url, {"strategy": "dp2"}, format="json").status_code == 400
     assert bob_client.post(url, {"strategy": point}, format="json").status_code == 404
     # and the saved plan launches like any stored plan
-    r = client.post("/api/jobs/", {"name": "saved point", "plan_id": saved["id"], "steps": 3}, format="json")
+    r = alice_api.post(
+        "/api/jobs/", {"name": "saved point", "plan_id": saved["id"], "steps": 3}, format="json"
+    )
     assert r.status_code == 201, r.content
     job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
     assert job.state == "succeeded", job.log_tail[-2000:]
@@ -132,17 +122,17 @@ def import_seed_best_plan(client):
     return r
 
 
-def test_a_plan_for_1024_devices_is_scaled_down_and_runs_here(live_stack, client, bob_client):
+def test_a_plan_for_1024_devices_is_scaled_down_and_runs_here(live_stack, alice_api, bob_client):
     from controlplane.planning.models import StoredPlan
 
-    r = import_seed_best_plan(client)
+    r = import_seed_best_plan(alice_api)
     big = r.json()
     # it cannot run here as it is
-    r = client.post("/api/jobs/", {"name": "as is", "plan_id": big["id"]}, format="json")
+    r = alice_api.post("/api/jobs/", {"name": "as is", "plan_id": big["id"]}, format="json")
     assert r.status_code == 400
 
     url = f"/api/plans/{big['id']}/scale-down/"
-    preview = client.get(url).json()
+    preview = alice_api.get(url).json()
     changes = {c["field"]: c for c in preview["changes"]}
     assert (changes["cluster.devices"]["original"], changes["cluster.devices"]["scaled"]) == (1024, 4)
     assert (changes["strategy.ep"]["original"], changes["strategy.ep"]["scaled"]) == (128, 2)
@@ -151,9 +141,9 @@ def test_a_plan_for_1024_devices_is_scaled_down_and_runs_here(live_stack, client
     assert preview["scaled"]["strategy"]["zero_stage"] == 3 and preview["scaled"]["feasible"]
 
     assert bob_client.get(url).status_code == 404
-    assert client.post(url, {"steps": 0}, format="json").status_code == 400
+    assert alice_api.post(url, {"steps": 0}, format="json").status_code == 400
 
-    r = client.post(url, {"steps": 4}, format="json")
+    r = alice_api.post(url, {"steps": 4}, format="json")
     assert r.status_code == 201, r.content
     body = r.json()
     assert body["job"]["name"] == f"scaled-down from plan #{big['id']}"

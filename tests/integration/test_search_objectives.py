@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from rest_framework.test import APIClient
 
 from tests.integration.test_planning import wait_search
 from tests.unit.planner_helpers import a100_cluster
@@ -24,18 +23,6 @@ def body(**extra) -> dict:
     return {"cluster_doc": CLUSTER, "model_doc": contract("model.json"), "training": TRAINING, **extra}
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
-def client(alice):
-    c = APIClient()
-    c.force_authenticate(alice)
-    return c
-
-
 @pytest.mark.parametrize(
     ("extra", "field", "words"),
     [
@@ -50,24 +37,24 @@ def client(alice):
         ({"constraints": [1]}, "constraints", "must be an object"),
     ],
 )
-def test_a_bad_objective_or_constraint_is_a_400_naming_the_field(client, extra, field, words):
+def test_a_bad_objective_or_constraint_is_a_400_naming_the_field(alice_api, extra, field, words):
     from controlplane.planning.models import StrategySearch
 
-    r = client.post("/api/searches/", body(**extra), format="json")
+    r = alice_api.post("/api/searches/", body(**extra), format="json")
     assert r.status_code == 400, r.content
     assert words in " ".join(r.json()[field])
     assert not StrategySearch.objects.exists()
 
 
-def test_energy_on_a_device_without_power_is_a_400_on_objective(client):
+def test_energy_on_a_device_without_power_is_a_400_on_objective(alice_api):
     cluster = {**CLUSTER, "device": {**CLUSTER["device"], "name": "Zeta-Accelerator-9"}}
-    r = client.post("/api/searches/", {**body(objective="energy"), "cluster_doc": cluster}, format="json")
+    r = alice_api.post("/api/searches/", {**body(objective="energy"), "cluster_doc": cluster}, format="json")
     assert r.status_code == 400 and "tdp_watts" in " ".join(r.json()["objective"])
 
 
-def test_search_ranks_by_its_objective_within_its_limits_through_the_worker(live_stack, client, alice):
+def test_search_ranks_by_its_objective_within_its_limits_through_the_worker(live_stack, alice_api, alice):
     ranking = {"objective": "memory_headroom", "constraints": {"max_bubble_fraction": 0.1}}
-    r = client.post("/api/searches/", body(top_k=8, **ranking), format="json")
+    r = alice_api.post("/api/searches/", body(top_k=8, **ranking), format="json")
     assert r.status_code == 201, r.content
     assert r.json()["request"]["objective"] == "memory_headroom"
     found = wait_search(r.json()["id"])
@@ -104,8 +91,8 @@ def test_search_ranks_by_its_objective_within_its_limits_through_the_worker(live
     assert data["search"]["constraints"] == {"max_bubble_fraction": 0.1}
 
 
-def test_a_limit_nothing_meets_fails_saying_which_limit_and_what_to_relax(live_stack, client):
-    r = client.post("/api/searches/", body(constraints={"max_memory_GiB_per_device": 1}), format="json")
+def test_a_limit_nothing_meets_fails_saying_which_limit_and_what_to_relax(live_stack, alice_api):
+    r = alice_api.post("/api/searches/", body(constraints={"max_memory_GiB_per_device": 1}), format="json")
     assert r.status_code == 201, r.content
     found = wait_search(r.json()["id"])
     assert found.state == "failed"

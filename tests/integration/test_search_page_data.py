@@ -52,11 +52,6 @@ def embedded_data(client: Client, search_id: int) -> dict:
 
 
 @pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
-@pytest.fixture
 def browser_session(alice):
     """What the page's own scripts use: the session cookie of a logged-in person."""
     c = Client()

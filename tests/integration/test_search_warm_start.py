@@ -53,11 +53,6 @@ def succeeded_job_of(plan, measured_step_time_s: float, state: str = "succeeded"
     )
 
 
-@pytest.fixture
-def alice(make_member):
-    return make_member("alice", "Team A")
-
-
 def test_a_measured_run_corrects_the_plans_of_its_family_and_the_rest_by_its_device(alice, make_member):
     team = alice.teams.first()
     first = finished_search(team)

@@ -20,17 +20,10 @@ SCENARIO = {
 }
 
 
-@pytest.fixture
-def client(make_member):
-    c = APIClient()
-    c.force_authenticate(make_member("alice", "Team A"))
-    return c
-
-
-def test_evaluation_is_the_planners_prediction_with_its_visuals(client):
+def test_evaluation_is_the_planners_prediction_with_its_visuals(alice_api):
     from controlplane.planning.selectors import strategy_evaluation
 
-    r = client.post("/api/plans/evaluate/", SCENARIO, format="json")
+    r = alice_api.post("/api/plans/evaluate/", SCENARIO, format="json")
     assert r.status_code == 200, r.content
     body = r.json()
     model, cluster, training = (
@@ -57,8 +50,8 @@ def test_evaluation_is_the_planners_prediction_with_its_visuals(client):
         ({"cluster": "a big one"}, "cluster"),
     ],
 )
-def test_a_bad_scenario_is_a_400_naming_the_field(client, change, field):
-    r = client.post("/api/plans/evaluate/", {**SCENARIO, **change}, format="json")
+def test_a_bad_scenario_is_a_400_naming_the_field(alice_api, change, field):
+    r = alice_api.post("/api/plans/evaluate/", {**SCENARIO, **change}, format="json")
     assert r.status_code == 400
     assert any(k.startswith(field) for k in r.json()), r.json()
 

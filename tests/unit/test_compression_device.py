@@ -9,16 +9,13 @@ too), and by forcing it in a real 2-rank gloo DDP run; with CUDA, the hooks also
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import native_ops
 from native_ops import reference
+from tests.engines.ranks import spawn_ranks
 from tests.unit.test_native_ops import gradients
 
 VALUE_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -277,17 +274,9 @@ E2E_CASES = {
 KERNELS_FOR = native_ops.kernels_for
 
 
-def _e2e_ranks(rank: int, world: int, port: int, out_dir: str) -> None:
-    from tests.integration.test_comm_hooks import _train
+def _e2e_ranks(rank: int, world: int) -> dict:
+    from tests.engines.training.comm.test_comm_hooks import _train
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=90),
-    )
     res = {}
     for hook, options in E2E_CASES.items():
         for path in ("cpp", "torch"):
@@ -299,19 +288,14 @@ def _e2e_ranks(rank: int, world: int, port: int, out_dir: str) -> None:
                 native_ops.kernels_for = KERNELS_FOR
             if hasattr(state, "close"):
                 state.close()
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    return res
 
 
 @pytest.mark.slow
-def test_ddp_with_the_torch_path_trains_exactly_as_with_the_cpp_kernels(native, tmp_path):
-    import torch.multiprocessing as mp
+def test_ddp_with_the_torch_path_trains_exactly_as_with_the_cpp_kernels(native):
+    from tests.engines.training.comm.test_comm_hooks import _model
 
-    from tests.integration.test_comm_hooks import _free_port, _model
-
-    mp.spawn(_e2e_ranks, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(Path(tmp_path) / f"rank{r}.pt") for r in range(2)]
+    ranks = spawn_ranks(_e2e_ranks, 2)
     init = torch.cat([p.detach().reshape(-1) for p in _model().parameters()])
     for hook in E2E_CASES:
         cpp = ranks[0][f"{hook}/cpp"]

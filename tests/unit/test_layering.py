@@ -54,6 +54,32 @@ def test_nothing_under_workers_imports_django_celery_or_the_control_plane():
     assert engine_violations(ROOT / "workers") == []
 
 
+DJANGO_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_setup",
+    "live_stack",
+    "make_member",
+    "client",
+    "alice",
+}
+
+
+def test_engine_tests_need_no_django():
+    """tests/engines holds the engines' tests (laid out as workers/ is): they import none of the web stack
+    and ask for no database or live-stack fixture, so they stay runnable without the control plane."""
+    root = ROOT / "tests" / "engines"
+    assert engine_violations(root) == []
+    asks = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                asks += [
+                    f"{path.name}:{node.lineno} {a.arg}" for a in node.args.args if a.arg in DJANGO_FIXTURES
+                ]
+    assert asks == []
+
+
 def test_the_import_check_catches_a_function_level_import(tmp_path):
     engine = tmp_path / "workers"
     engine.mkdir()

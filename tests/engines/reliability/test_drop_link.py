@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_training_parallel import job
+from tests.engines.training.harness import job
 from workers.reliability.cli import run_elastic
 from workers.reliability.elastic import ElasticWatch
 from workers.reliability.faults import FaultInjector

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
-from tests.integration.test_training_parallel import job
+from tests.engines.training.harness import job, start
 from workers.reliability.progress import ENV, TimelineReader, read_progress
 from workers.reliability.scaling import replan
 from workers.training.cli import run_local
 from workers.training.config import ConfigError
-from workers.training.launch import free_port, render_torchrun_command, torchrun_env
+from workers.training.launch import free_port
 
 pytestmark = pytest.mark.slow
 STEPS = 400
@@ -29,44 +28,38 @@ STEPS = 400
 def test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back(tmp_path):
     cfg = job("tiny-dense.json", {"dp": 2, "micro_batch_size": 2}, steps=STEPS, profile_every=0, snapshot_every=2,
               snapshot_dir=str(tmp_path / "snap"), rescale=True)  # fmt: skip
-    cfg.save(tmp_path / "job.json")
     endpoint = f"127.0.0.1:{free_port()}"
-    env = {**torchrun_env(), ENV: str(tmp_path / "progress"), "OMP_NUM_THREADS": "1"}
+    progress = tmp_path / "progress"
 
     def node(i: int) -> subprocess.Popen:
-        cmd = render_torchrun_command(str(tmp_path / "job.json"), 2, 1, i, endpoint, "scaling", max_restarts=5, warm=True,
-                                      min_nodes=1, summary_path=str(tmp_path / f"summary{i}.json"))  # fmt: skip
-        log = (tmp_path / f"node{i}.log").open("ab")
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # node 0 hosts the rendezvous store (losing that node is not survivable: see docs); node 1 waits for it
+        return start(cfg, tmp_path, env={ENV: str(progress)}, nnodes=2, nproc_per_node=1, node_rank=i,
+                     rdzv_endpoint=endpoint, run_id="scaling", max_restarts=5, min_nodes=1, hosts_store=i == 0,
+                     summary_path=str(tmp_path / f"summary{i}.json"))  # fmt: skip
 
     def step() -> int:
-        return max([d.get("step") or 0 for d in read_progress(tmp_path / "progress").values()] or [0])
+        return max([d.get("step") or 0 for d in read_progress(progress).values()] or [0])
 
+    # Both agents start at once, node 1 first: each imports the runtime (4-9 s here) before it joins, and with
+    # ``--nnodes 1:2`` node 0 closes the first round alone if node 1 joins more than the last call (5 s)
+    # after it. Started one after the other (node 1 once node 0's store was up), node 1 was late by its
+    # whole import under load: the run began on one rank and grew, so no step matched the two-rank reference.
+    nodes = [node(1)]
     first = node(0)
-    nodes = [first]
+    nodes.append(first)
     try:
-        host, port = endpoint.split(":")
-        deadline = time.monotonic() + 120
-        while True:  # node 0 hosts the rendezvous store (losing that node is not survivable: see docs)
-            try:
-                socket.create_connection((host, int(port)), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "node 0 never opened its rendezvous store"
-                time.sleep(0.1)
-        nodes.append(node(1))
         killed_at = grown = None
         deadline = time.monotonic() + 400
         while first.poll() is None:
             assert time.monotonic() < deadline, "the run did not end"
-            events = TimelineReader(tmp_path / "progress")
+            events = TimelineReader(progress)
             events.read_new()
             two_ranks = (
                 any(e["event"] == "step" and e.get("restart", 0) >= 0 for e in events.events)
-                and len(read_progress(tmp_path / "progress")) == 2
+                and len(read_progress(progress)) == 2
             )
             if killed_at is None and step() >= 8 and two_ranks:
-                os.killpg(nodes[1].pid, signal.SIGKILL)  # the node is gone: its agent and its rank
+                os.killpg(nodes[0].pid, signal.SIGKILL)  # node 1 is gone: its agent and its rank
                 killed_at = step()
             shrunk = any(e["event"] == "rescaled" and e["action"] == "shrink" for e in events.events)
             if killed_at is not None and grown is None and shrunk and step() >= killed_at + 6:
@@ -86,6 +79,7 @@ def test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back(tmp_path):
         for e in events.events
         if e["event"] == "rescaled"
     ]
+    assert scaled[:1] == [("shrink", 2, 1)], f"the run did not start on both nodes: {scaled}"
     assert ("shrink", 2, 1) in scaled and scaled.index(("shrink", 2, 1)) < len(scaled) - 1
     assert scaled[-1] == ("grow", 1, 2), scaled
     shrink = next(e for e in events.events if e["event"] == "rescaled" and e["action"] == "shrink")
@@ -106,6 +100,57 @@ def test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back(tmp_path):
     # right after the shrink: one rank, four micro-batches instead of two ranks of two; float order only.
     # (Further on such differences grow, as any perturbation of training does: 3e-4 after 30 steps here.)
     assert all(abs(losses[s] - ref[s]) < 1e-5 * abs(ref[s]) for s in range(back_to + 1, back_to + 6))
+
+
+@pytest.mark.long
+def test_a_job_that_began_on_one_node_grows_without_a_failure_and_resumes_its_own_snapshot(tmp_path):
+    """The other order: node 0 trains alone, node 1 arrives later. torchrun re-forms the group without
+    counting a failure (restart 0 again); the ranks must know it is a later group of the same run and resume
+    from its newest snapshot, not refuse the directory as another run's and spend a restart on it."""
+    steps = 300  # node 0 alone takes ~0.05 s a step: node 1 (a 4-13 s import) arrives long before the end
+    cfg = job("tiny-dense.json", {"dp": 2, "micro_batch_size": 2}, steps=steps, profile_every=0, snapshot_every=2,
+              snapshot_dir=str(tmp_path / "snap"), rescale=True)  # fmt: skip
+    endpoint, progress = f"127.0.0.1:{free_port()}", tmp_path / "progress"
+
+    def node(i: int) -> subprocess.Popen:
+        return start(cfg, tmp_path, env={ENV: str(progress)}, nnodes=2, nproc_per_node=1, node_rank=i,
+                     rdzv_endpoint=endpoint, run_id="growing", max_restarts=0, min_nodes=1, hosts_store=i == 0,
+                     summary_path=str(tmp_path / f"summary{i}.json"))  # fmt: skip
+
+    first = node(0)
+    nodes = [first]
+    try:
+        deadline = time.monotonic() + 120
+        while max([d.get("step") or 0 for d in read_progress(progress).values()] or [0]) < 6:
+            assert first.poll() is None, (tmp_path / "node0.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "node 0 did not train alone"
+            time.sleep(0.1)
+        nodes.append(node(1))
+        first.wait(timeout=300)
+        # max_restarts 0: a group that failed once (the old refusal) would have ended the run here
+        assert first.returncode == 0, (tmp_path / "node0.log").read_text()[-3000:]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    events = TimelineReader(progress)
+    events.read_new()
+    [grow] = [e for e in events.events if e["event"] == "rescaled"]
+    assert (grow["action"], grow["from_world_size"], grow["to_world_size"], grow["restart"]) == (
+        "grow",
+        1,
+        2,
+        0,
+    )
+    [resumed] = [e for e in events.events if e["event"] == "resumed"]
+    assert resumed["restart"] == 0 and resumed["from_step"] >= 6 and resumed["from_step"] % 2 == 0, resumed
+    assert "of another run" not in (tmp_path / "node0.log").read_text() + (tmp_path / "node1.log").read_text()
+    last = {}
+    for e in events.events:
+        if e["event"] == "step":
+            last[e["step"]] = e["restart"]
+    assert sorted(last) == list(range(1, steps + 1))
 
 
 def test_replan_keeps_everything_but_dp_or_says_why_nothing_fits():

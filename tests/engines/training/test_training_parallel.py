@@ -8,50 +8,18 @@ takes about two minutes on two CPU cores.
 
 from __future__ import annotations
 
-import copy
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import RUNS, tiered
-from workers.training.cli import run_local
-from workers.training.config import JobConfig
+from tests.conftest import tiered
+from tests.engines.training.harness import EXAMPLES, STEPS, job, train
 from workers.training.parallel.dims import ParallelDims
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
-STEPS = 10
 STEP1_ATOL = 1e-4
 FINAL_RTOL = 0.01
-
-
-def job(model: str, strategy: dict, **extra) -> JobConfig:
-    return JobConfig.from_dict(
-        {
-            "model": json.loads((EXAMPLES / model).read_text()),
-            "strategy": strategy,
-            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adamw"},
-            "steps": STEPS,
-            "device": "cpu",
-            **extra,
-        }
-    )
-
-
-def train(cfg: JobConfig) -> dict:
-    """The run's summary. A run that neither snapshots nor resumes is deterministic (what these tests and
-    test_checkpoint_resume check): the same config on the same ranks runs once per session, its summary is
-    shared (test_checkpoint_resume's references are this file's dp2, pp2 and ep2 runs; CI time)."""
-    key = json.dumps([cfg.to_dict(), cfg.world_size], sort_keys=True)
-    pure = cfg.snapshot_dir is None and not cfg.resume and not cfg.inject
-    if pure and key in RUNS:
-        return copy.deepcopy(RUNS[key])
-    out = run_local(cfg, cfg.world_size, timeout=240)
-    if pure:
-        RUNS[key] = copy.deepcopy(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ partitions are still in flight. :class:`PriorityGradSync` does exactly that, in 
 - ``optimizer.step()`` sees no gradient. Its pre-hook records the step's hyper-parameters (that step's lr);
   each stage's forward pre-hook of the next step waits for the stage's partitions and applies that step to
   the stage's parameters. torch's SGD/AdamW update every tensor on its own, so per-stage steps give the
-  same parameters bit for bit as the whole-model step (``tests/integration/test_comm_priority.py``).
+  same parameters bit for bit as the whole-model step (``tests/engines/training/comm/test_comm_priority.py``).
 
 Orders (``ORDERS``): ``priority`` -- the lowest partition (the first layers) among those ready on every
 rank; ``magnitude`` -- the largest gradient norm among them (sum over ranks of the local squared norms).

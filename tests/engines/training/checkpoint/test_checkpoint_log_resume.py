@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_checkpoint_resume import corrupt
-from tests.integration.test_training_parallel import STEPS, job
+from tests.engines.training import harness
+from tests.engines.training.harness import STEPS, corrupt, job
 from workers.training.checkpoint import list_snapshots, verify
-from workers.training.cli import run_local
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +24,9 @@ LOG = {"snapshot_every": 1, "snapshot_full_every": 4, "snapshot_delta": "log", "
 
 
 def train(strategy: dict, snapshot_dir: Path, **extra) -> dict:
-    cfg = job("tiny-dense.json", strategy, snapshot_dir=str(snapshot_dir), profile_every=0, **extra)
-    return run_local(cfg, cfg.world_size, timeout=240)
+    return harness.train(
+        job("tiny-dense.json", strategy, snapshot_dir=str(snapshot_dir), profile_every=0, **extra)
+    )
 
 
 @pytest.fixture(scope="module")

@@ -5,14 +5,13 @@ run under torchrun on some layout: it builds the trainer, resumes, gathers every
 optimizer state to full size (``DTensor.full_tensor()``) and rank 0 writes them out. The probe on the
 snapshot's own layout is the reference; the others must equal it exactly.
 
-    python -m torch.distributed.run --nproc-per-node N tests/integration/test_checkpoint_resharding.py \
-        --config job.json --out state.pt
+    python -m torch.distributed.run --nproc-per-node N \
+        tests/engines/training/checkpoint/test_checkpoint_resharding.py --config job.json --out state.pt
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import uuid
@@ -20,33 +19,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "workers" / "training" / "examples"
+from tests.engines.training import harness
+
+ROOT = Path(__file__).resolve().parents[4]
 pytestmark = pytest.mark.slow
 
 
 def job(strategy: dict, snapshot_dir: Path, **extra):
-    from workers.training.config import JobConfig
-
-    return JobConfig.from_dict(
-        {
-            "model": json.loads((EXAMPLES / "tiny-dense.json").read_text()),
-            "strategy": strategy,
-            "training": {"global_batch_size": 8, "dtype": "fp32", "optimizer": "adamw"},
-            "steps": 6,
-            "device": "cpu",
-            "snapshot_dir": str(snapshot_dir),
-            **extra,
-        }
+    return harness.job(
+        "tiny-dense.json", strategy, **{"steps": 6, "snapshot_dir": str(snapshot_dir), **extra}
     )
 
 
 def snapshot_on(strategy: dict, snapshot_dir: Path) -> dict:
     """Train 6 steps on ``strategy`` with a full snapshot at 3 and a delta at 6; return the summary."""
-    from workers.training.cli import run_local
-
-    cfg = job(strategy, snapshot_dir, snapshot_every=3, snapshot_full_every=2)
-    return run_local(cfg, cfg.world_size, timeout=180)
+    return harness.train(job(strategy, snapshot_dir, snapshot_every=3, snapshot_full_every=2), timeout=180)
 
 
 def probe(strategy: dict, snapshot_dir: Path, tmp_path: Path) -> dict:
@@ -117,10 +104,8 @@ def test_fsdp2_zero3_snapshot_of_two_ranks_loads_on_four(tmp_path):
 def test_a_resharded_resume_trains_on_like_the_original_layout(tmp_path):
     """DP 2 -> 1: the single process continues the two-rank run's loss curve (float tolerance: one rank sums
     the gradient in another order than the two-rank all-reduce)."""
-    from workers.training.cli import run_local
-
-    first = run_local(job({"dp": 2, "micro_batch_size": 2}, tmp_path, steps=10, snapshot_every=6), 2)
-    resumed = run_local(job({"micro_batch_size": 4}, tmp_path, steps=10, resume=True), 1, timeout=180)
+    first = harness.train(job({"dp": 2, "micro_batch_size": 2}, tmp_path, steps=10, snapshot_every=6))
+    resumed = harness.train(job({"micro_batch_size": 4}, tmp_path, steps=10, resume=True), timeout=180)
     assert resumed["resumed"]["from"] == "step-00000006"
     assert resumed["resumed"]["same_layout"] is False
     assert resumed["losses"] == pytest.approx(first["losses"][6:], rel=1e-5)

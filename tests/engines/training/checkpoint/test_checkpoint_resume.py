@@ -12,17 +12,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
-import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import tiered
-from tests.integration.test_training_parallel import EXAMPLES, STEPS, job, train
+from tests.engines.training.harness import EXAMPLES, STEPS, corrupt, job, start, train
 from workers.training.checkpoint import list_snapshots, read_manifest, verify
-from workers.training.launch import free_port, render_torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.slow
 
@@ -61,12 +57,6 @@ def test_resumed_run_matches_the_uninterrupted_run_bit_for_bit(layout, tmp_path)
     assert resumed["steps"] == STEPS - 6
     print(f"\n{layout}: resumed losses {resumed['losses']}\n      reference {reference['losses'][6:]}")
     assert resumed["losses"] == reference["losses"][6:]
-
-
-def corrupt(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 def test_cli_resume_skips_a_corrupt_newest_snapshot_and_says_why(tmp_path, capsys):
@@ -127,34 +117,20 @@ def test_a_run_killed_with_sigkill_resumes_from_its_newest_snapshot(tmp_path):
         snapshot_every=10,
         snapshot_full_every=3,
     )
-    config_path = tmp_path / "job.json"
-    cfg.save(config_path)
-    cmd = render_torchrun_command(
-        str(config_path),
-        nnodes=1,
-        nproc_per_node=2,
-        node_rank=0,
-        rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        run_id=uuid.uuid4().hex[:12],
-        warm=True,  # as cann-train train runs it
-    )
-    env = torchrun_env()
-    env.setdefault("OMP_NUM_THREADS", "1")
-    with open(tmp_path / "killed.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            while len(list_snapshots(snaps)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            os.killpg(proc.pid, signal.SIGKILL)
-        finally:
-            proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    proc = start(cfg, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list_snapshots(snaps)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "torchrun.log").read_text()[-3000:]
     newest = read_manifest(snaps, list_snapshots(snaps)[0]).step
     assert 30 <= newest < steps
 
     resumed = train(job("tiny-dense.json", strategy, steps=steps, snapshot_dir=str(snaps), resume=True))
-    start = resumed["resumed"]["step"]
-    assert start >= newest  # the newest published one (a write cut by the kill was never published)
-    assert resumed["steps"] == steps - start
-    assert resumed["losses"] == reference["losses"][start:]
+    first_step = resumed["resumed"]["step"]
+    assert first_step >= newest  # the newest published one (a write cut by the kill was never published)
+    assert resumed["steps"] == steps - first_step
+    assert resumed["losses"] == reference["losses"][first_step:]

@@ -23,29 +23,21 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import uuid
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.engines.ranks import spawn_ranks
+from tests.engines.training.harness import EXAMPLES
 from workers.training.comm import netem
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
 TINY = json.loads((EXAMPLES / "comm-tiny.json").read_text())
 # reaction within one step, no margins: what the controller does follows from the measurements alone
 EAGER = "exposed_high=0,margin=0,tolerance=0,dwell=1,persist=1"
 BOUND = 1e-3  # far below any residual/gradient norm ratio top-k leaves: every top-k step exceeds it
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> torch.nn.Module:
@@ -95,14 +87,7 @@ def _trainer_cfg(hook: str, steps: int, **extra):
     )
 
 
-def _scenarios(rank: int, port: int, out_dir: str, redis_url: str | None, job_id: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=90)
-    )
+def _scenarios(rank: int, world: int, redis_url: str | None, job_id: str) -> dict:
     res: dict = {}
     import time as _t
 
@@ -171,7 +156,7 @@ def _scenarios(rank: int, port: int, out_dir: str, redis_url: str | None, job_id
     res["summary"] = trainer.train()
     trainer.close()
     lap("train")
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -180,16 +165,8 @@ def job_id() -> str:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory, job_id):
-    import torch.multiprocessing as mp
-
-    import native_ops
-
-    native_ops.load(build=True)  # build once here, not in each spawned rank
-    out = tmp_path_factory.mktemp("adaptive")
-    redis_url = os.environ.get("REDIS_URL")
-    mp.spawn(_scenarios, args=(_free_port(), str(out), redis_url, job_id), nprocs=2, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+def ranks(native_built, job_id):
+    return spawn_ranks(_scenarios, 2, os.environ.get("REDIS_URL"), job_id)
 
 
 def test_controller_goes_sparser_while_comm_is_exposed(ranks):

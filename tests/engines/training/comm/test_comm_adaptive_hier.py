@@ -16,13 +16,11 @@ node share this host, so the intra-node stages use shared memory as on a real no
 from __future__ import annotations
 
 import io
-import os
-from datetime import timedelta
 
 import pytest
 import torch
 
-from tests.conftest import free_port
+from tests.engines.ranks import spawn_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -61,16 +59,9 @@ def _run(spec: str, steps: int, *, hook_state=None, lr: float = 0.0):
     return state, total
 
 
-def _scenarios(rank: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
-
+def _scenarios(rank: int, world: int) -> dict:
     from workers.training.comm.adaptive import AdaptiveState
 
-    os.environ.update(OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4, timeout=timedelta(seconds=90)
-    )
     res: dict = {}
     for key, options in (("levels", {"ranks_per_node": 2}), ("levels_one_node", {"ranks_per_node": 4})):
         probe = AdaptiveState(None, options)
@@ -125,20 +116,12 @@ def _scenarios(rank: int, port: int, out_dir: str) -> None:
     res["older_ladder_bans"] = {k: newer.levels[i] for k, (i, _) in newer.banned.items()}
     for s in (again, flat, back, newer):
         s.close()
-    dist.destroy_process_group()
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    return res
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    import native_ops
-
-    native_ops.load(build=True)
-    out = tmp_path_factory.mktemp("adaptive-hier")
-    mp.spawn(_scenarios, args=(free_port(), str(out)), nprocs=4, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(4)]
+def ranks(native_built):
+    return spawn_ranks(_scenarios, 4)
 
 
 def test_hier_levels_are_offered_only_across_nodes_with_ranks_to_share_a_node(ranks):

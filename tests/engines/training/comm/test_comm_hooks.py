@@ -7,24 +7,16 @@ rank ended with; the tests then pin down the behaviour from those results.
 from __future__ import annotations
 
 import math
-import os
-import socket
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
+
+from tests.engines.ranks import spawn_ranks
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
 BUCKET_CAP_MB = 0.02  # ~5k floats per bucket: several buckets, exercising DDP's bucket rebuild
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> torch.nn.Module:
@@ -71,17 +63,9 @@ def _train(
     return flat, state, model
 
 
-def _scenarios(rank: int, world: int, port: int, out_dir: str) -> None:
+def _scenarios(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=90),
-    )
     res: dict = {}
     res["plain"], _, _ = _train()
     res["allreduce"], _, _ = _train("allreduce")
@@ -149,36 +133,17 @@ def _scenarios(rank: int, world: int, port: int, out_dir: str) -> None:
             flat = x.clone()
             dist.all_reduce(flat)
             res[f"hier_fn_{n}"] = (hierarchical_all_reduce(x.clone(), intra, inter), flat)
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _run(world: int, tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp(f"hooks{world}")
-    mp.spawn(_scenarios, args=(world, _free_port(), str(out)), nprocs=world, join=True)
-    return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return res
 
 
 @pytest.fixture(scope="module")
-def native_built():
-    import native_ops
-
-    native_ops.load(build=True)  # build once here, not in each spawned rank
-    if native_ops.backend() != "native":
-        print(f"native_ops unavailable ({native_ops.fallback_reason()}); hooks use the torch reference")
+def two_ranks(native_built):
+    return spawn_ranks(_scenarios, 2)
 
 
 @pytest.fixture(scope="module")
-def two_ranks(native_built, tmp_path_factory):
-    return _run(2, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def four_ranks(native_built, tmp_path_factory):
-    return _run(4, tmp_path_factory)
+def four_ranks(native_built):
+    return spawn_ranks(_scenarios, 4)
 
 
 def _same_on_all_ranks(results: list[dict], key: str) -> torch.Tensor:

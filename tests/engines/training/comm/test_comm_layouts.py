@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.engines.ranks import spawn_ranks
+from tests.engines.training.harness import EXAMPLES
+
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
 TINY = json.loads((EXAMPLES / "comm-tiny.json").read_text())
 STEPS = 3
 WORLD = 4
@@ -54,12 +53,6 @@ SCENARIOS = {
     "z2_sign_ef": (ZERO2, "sign_ef:chunk=256"),
     "z2_hier": (ZERO2, "hierarchical:ranks_per_node=4"),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(strategy: dict, hook: str | None):
@@ -112,9 +105,7 @@ def _direct_reduce_scatters(rank: int) -> dict:
     return out
 
 
-def _scenarios(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
+def _scenarios(rank: int, world: int) -> dict:
     from workers.training.trainer import Trainer
 
     res: dict = {}
@@ -144,20 +135,13 @@ def _scenarios(rank: int, port: int, out_dir: str) -> None:
         _config(ZERO2, "powerSGD")
     except ConfigError as exc:
         res["z2_powerSGD_refused"] = str(exc)
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     trainer.close()
+    return res
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    import native_ops
-
-    native_ops.load(build=True)  # build once here, not in each spawned rank
-    out = tmp_path_factory.mktemp("layouts")
-    mp.spawn(_scenarios, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+def runs(native_built):
+    return spawn_ranks(_scenarios, WORLD, group=False)  # the Trainer makes the group
 
 
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith(("tp2", "pp2"))])

@@ -12,12 +12,13 @@ import contextlib
 import io
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.engines.ranks import spawn_ranks
+from tests.engines.training.harness import EXAMPLES
 from workers.training.comm import HOOKS, netem
 from workers.training.comm_methods import HOOK_NAMES
 from workers.training.config import ConfigError, JobConfig
@@ -25,7 +26,6 @@ from workers.training.parallelize import resolve_bucket_cap_mb
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
 TINY = json.loads((EXAMPLES / "comm-tiny.json").read_text())
 HOOK = "topk_ef:density=0.05"
 BUCKET_CAP_MB = 0.05  # several buckets for a 0.1M-parameter model
@@ -64,15 +64,7 @@ def test_bucket_size_comes_from_the_link_unless_given():
     assert resolve_bucket_cap_mb(far) == pytest.approx(50.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _resume_scenario(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
+def _resume_scenario(rank: int, world: int) -> dict:
     from workers.training.trainer import Trainer
 
     cfg = _job(comm_hook=HOOK, bucket_cap_mb=BUCKET_CAP_MB)
@@ -113,17 +105,13 @@ def _resume_scenario(rank: int, port: int, out_dir: str) -> None:
     for t in (full, first, resumed, fresh_hook):
         for st in t.pm.comm_states:
             getattr(st, "close", lambda: None)()
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     full.close()
+    return res
 
 
 @pytest.fixture(scope="module")
-def resume_run(tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("resume")
-    mp.spawn(_resume_scenario, args=(_free_port(), str(out)), nprocs=2, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+def resume_run():
+    return spawn_ranks(_resume_scenario, 2, group=False)  # the Trainer makes the group
 
 
 def test_hook_state_round_trips_through_the_trainer_state_dict(resume_run):

@@ -10,28 +10,19 @@ a layer's backward: the ready partitions queue up and the order the comm thread 
 from __future__ import annotations
 
 import json
-import os
-import socket
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.engines.ranks import spawn_ranks
+from tests.engines.training.harness import EXAMPLES
 from workers.training.config import ConfigError, JobConfig
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "workers" / "training" / "examples"
 ORDERS = ("reverse", "priority", "magnitude")
 STEPS = 4
 MLP_WIDTH, MLP_LAYERS, MLP_STEPS = 1024, 6, 3  # a 4 MB weight per layer: one partition each
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _job(order: str, **extra) -> dict:
@@ -69,19 +60,9 @@ def _mlp_sends(order: str) -> dict:
     return {"log": list(sync.send_log), "partitions": len(sync.partitions)}
 
 
-def _scenarios(rank: int, world: int, port: int, out_dir: str) -> None:
-    import torch.distributed as dist
-
+def _scenarios(rank: int, world: int) -> dict:
     from workers.training.trainer import Trainer
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=90),
-    )
     res: dict = {}
     for order in ORDERS:
         trainer = Trainer(JobConfig.from_dict(_job(order)), rank=rank, world_size=world)
@@ -97,18 +78,12 @@ def _scenarios(rank: int, world: int, port: int, out_dir: str) -> None:
             st.close()
     for order in ("priority", "magnitude"):
         res[f"mlp_{order}"] = _mlp_sends(order)
-    torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    return res
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("comm_priority")
-    mp.spawn(_scenarios, args=(2, _free_port(), str(out)), nprocs=2, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+def ranks() -> list[dict]:
+    return spawn_ranks(_scenarios, 2)
 
 
 def _check_step_logs(results: list[dict], key: str) -> list[list[dict]]:

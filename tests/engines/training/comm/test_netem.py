@@ -6,13 +6,12 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from workers.training.comm import netem
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(bool(netem.unavailable_reason()), reason=netem.unavailable_reason() or "ok")
 
 
@@ -92,7 +91,7 @@ def test_gloo_ranks_in_two_nodes_all_reduce_across_the_shaped_link():
                 "MASTER_PORT": "29533",
                 "RANKS_PER_NODE": str(per_node),
                 "NUMEL": str(2_000_000),
-                "PYTHONPATH": str(REPO),
+                "PYTHONPATH": str(ROOT),
             }
             procs.append(
                 net.popen(
