@@ -525,6 +525,12 @@ class Trainer:
                 result.step_time_s = time.perf_counter() - t0 - (result.snapshot_stall_s or 0.0)
                 result.profiled = bool(profile_now)
                 self.history.append(result)
+                # every rank: a gather of memory / CPU figures every few steps (rank 0 gets {"ranks": [...]}):
+                # the step's last collective, before anything that reports the step done (a snapshot of it,
+                # its progress, its train event). With a collective between those, a peer killed once it
+                # reported the step left this rank inside the collective: a snapshot of the step existed
+                # (a resume went past it) while its timeline line or its train event was never written.
+                ranks = system_metrics.rank_values(result.step, self.device)
                 if self.snapshots is not None:
                     self._snapshot_after(result)
                 if self.progress is not None:
@@ -536,8 +542,6 @@ class Trainer:
                         step_time_s=result.step_time_s,
                         stall_s=result.snapshot_stall_s or 0.0,
                     )
-                # every rank: a gather of memory / CPU figures every few steps (rank 0 gets {"ranks": [...]})
-                ranks = system_metrics.rank_values(result.step, self.device)
                 if self.rank == 0 and not isinstance(self.publisher, NullPublisher):
                     t_pub = time.perf_counter()
                     values = self._train_values(result, bubble) | ranks

@@ -19,6 +19,7 @@ from workers.reliability.scaling import replan
 from workers.training.cli import run_local
 from workers.training.config import ConfigError
 from workers.training.launch import free_port
+from workers.training.supervisor import stop_groups
 
 pytestmark = pytest.mark.slow
 STEPS = 400
@@ -68,10 +69,7 @@ def test_a_lost_node_shrinks_the_job_and_its_return_grows_it_back(tmp_path):
             time.sleep(0.2)
         assert first.returncode == 0, (tmp_path / "node0.log").read_text()[-3000:]
     finally:
-        for p in nodes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        stop_groups(nodes)  # what is still running: its agent and ranks
     events = TimelineReader(tmp_path / "progress")
     events.read_new()
     scaled = [
@@ -130,10 +128,7 @@ def test_a_job_that_began_on_one_node_grows_without_a_failure_and_resumes_its_ow
         # max_restarts 0: a group that failed once (the old refusal) would have ended the run here
         assert first.returncode == 0, (tmp_path / "node0.log").read_text()[-3000:]
     finally:
-        for p in nodes:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        stop_groups(nodes)  # what is still running: its agent and ranks
     events = TimelineReader(progress)
     events.read_new()
     [grow] = [e for e in events.events if e["event"] == "rescaled"]
