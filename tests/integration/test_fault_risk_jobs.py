@@ -67,8 +67,10 @@ def test_a_rank_degraded_mid_job_is_flagged_live_within_10_s_and_not_before(live
             assert time.monotonic() < deadline, "the job did not start training"
             time.sleep(0.2)
         # healthy until a risk event (one per telemetry sample, 5 s apart) shows the detector's five
-        # one-second buckets of history filled
-        healthy_until = time.monotonic() + HEALTHY_S + 15.0
+        # one-second buckets of history filled. Not a promise of the product (the 10 s goal below is, timed
+        # from the degradation): a bound for a loaded machine, where the node's watch started scoring only
+        # after 22 s once (CI, 2026-12-03, the job training ~15 steps/s all along)
+        healthy_until = time.monotonic() + HEALTHY_S + 60.0
         while time.monotonic() < healthy_until:
             healthy = risk_events(job.stream)
             if healthy and healthy[-1]["straggler"]["buckets_scored"] >= 5:
