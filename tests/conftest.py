@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,13 +30,6 @@ def database_url_for_children() -> str:
     user = s.get("USER") or ""
     auth = f"{user}:{s.get('PASSWORD')}@" if s.get("PASSWORD") else (f"{user}@" if user else "")
     return f"postgres://{auth}{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a process group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, token: str | None = None, body=None) -> tuple[int, object]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import free_port
+from workers.training.launch import free_port
 
 
 def _rank(

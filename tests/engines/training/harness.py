@@ -1,7 +1,8 @@
 """One torchrun harness for the engine tests that train: a job config from the example models, a run of it
 through ``cann-train train``'s own path (config file -> the warm torchrun agent -> ``workers.training.run``),
 and a run started in the background for a test to kill or cut off (its own process group, torchrun's
-environment, one OpenMP thread a rank).
+environment, one OpenMP thread a rank). A snapshot file is damaged with the fault injector's own
+``workers.reliability.faults.flip_a_byte``.
 
 Used by the parallel-layout, snapshot/resume, resharding and recovery tests (the bit-for-bit family)."""
 
@@ -78,10 +79,3 @@ def start(cfg: JobConfig, run_dir: Path, *, env: dict | None = None, **torchrun)
         return subprocess.Popen(
             cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-
-
-def corrupt(path: Path) -> None:
-    """Flip one byte in the middle of ``path`` (a snapshot file: its checksum no longer matches)."""
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.engines.training import harness
-from tests.engines.training.harness import STEPS, corrupt, job
+from tests.engines.training.harness import STEPS, job
+from workers.reliability.faults import flip_a_byte
 from workers.training.checkpoint import list_snapshots, verify
 
 pytestmark = pytest.mark.slow
@@ -79,7 +80,7 @@ def test_a_resume_from_a_log_chain_matches_the_uninterrupted_run_bit_for_bit(log
 
 def test_a_corrupt_middle_log_resumes_from_the_snapshot_before_it(logged, tmp_path):
     root = copy_without(logged, tmp_path, "step-00000010", "step-00000009")
-    corrupt(root / "step-00000006" / "rank00000.bin")
+    flip_a_byte(root / "step-00000006" / "rank00000.bin")
     resumed = train(DP2, root, resume=True, **LOG)
     assert resumed["resumed"]["from"] == "step-00000005"
     assert resumed["resumed"]["skipped"] == [

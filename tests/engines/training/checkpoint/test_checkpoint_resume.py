@@ -17,7 +17,8 @@ import time
 import pytest
 
 from tests.conftest import tiered
-from tests.engines.training.harness import EXAMPLES, STEPS, corrupt, job, start, train
+from tests.engines.training.harness import EXAMPLES, STEPS, job, start, train
+from workers.reliability.faults import flip_a_byte
 from workers.training.checkpoint import list_snapshots, read_manifest, verify
 
 pytestmark = pytest.mark.slow
@@ -80,7 +81,7 @@ def test_cli_resume_skips_a_corrupt_newest_snapshot_and_says_why(tmp_path, capsy
     first = json.loads(capsys.readouterr().out)
     # retention: the newest two, 9 (full) and 6 (a delta) -- and 6's base, 3
     assert list_snapshots(tmp_path) == ["step-00000009", "step-00000006", "step-00000003"]
-    corrupt(tmp_path / "step-00000009" / "rank00000.bin")
+    flip_a_byte(tmp_path / "step-00000009" / "rank00000.bin")
 
     assert main([*common, "--resume", "--snapshot-every", "3"]) == 0
     resumed = json.loads(capsys.readouterr().out)
