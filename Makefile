@@ -71,6 +71,7 @@ test-long: setup native chromium pdf-libs slurm
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf var/test var/static .pytest_cache

@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from workers.reliability.degrade import CpuQuota, StopBursts  # noqa: E402
 from workers.reliability.local_job import launch, stop, straggler_job_config  # noqa: E402
-from workers.reliability.progress import read_progress  # noqa: E402
-from workers.reliability.step_times import StepTimesReader  # noqa: E402
 from workers.reliability.straggler import StragglerDetector, StragglerWatch  # noqa: E402
+from workers.training.supervision.progress import read_progress  # noqa: E402
+from workers.training.supervision.step_times import StepTimesReader  # noqa: E402
 
 # Deng et al., NSDI 2025 (arXiv:2411.01791), abstract: mean reaction time, precision, F1 in production
 MINDER = {"detect_s": 3.6, "precision": 0.904, "f1": 0.893}

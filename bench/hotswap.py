@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workers.training import device as device_mod  # noqa: E402
+from workers.devices import backend as device_mod  # noqa: E402
 
 device_mod.prepare_environment()
 
@@ -113,7 +113,7 @@ class _Lines:
 def _launch(cfg, work: Path, name: str, max_restarts: int, env: dict) -> tuple[subprocess.Popen, _Lines]:
     """The node's agent as ``cann-train train`` and the control plane start it (``render_torchrun_command``)."""
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
-    from workers.training.supervisor import die_with_parent
+    from workers.training.supervision.supervisor import die_with_parent
 
     config = work / f"{name}.json"
     cfg.save(config)
@@ -142,9 +142,9 @@ def _launch(cfg, work: Path, name: str, max_restarts: int, env: dict) -> tuple[s
 def restart_from_snapshot(args, work: Path) -> dict:
     """torchrun elastic restart: a snapshotting run launched with ``--max-restarts 1`` and ``resume`` (the
     first start finds no snapshot and starts at step 0); the last rank SIGKILLed when its progress file
-    (``CANN_TRAIN_PROGRESS_DIR``, :mod:`workers.reliability.progress`) says step ``--kill-at``; the agent stops
+    (``CANN_TRAIN_PROGRESS_DIR``, :mod:`workers.training.supervision.progress`) says step ``--kill-at``; the agent stops
     the group, re-forms it, and the new ranks resume from the newest good snapshot and replay from there."""
-    from workers.reliability.progress import ENV, TimelineReader, read_progress
+    from workers.training.supervision.progress import ENV, TimelineReader, read_progress
 
     snaps, progress = work / "snapshots", work / "progress"
     cfg = job(args, snapshot_every=args.snapshot_every, snapshot_dir=str(snaps), resume=True)

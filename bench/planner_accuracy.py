@@ -62,10 +62,10 @@ def measured_here(steps: int) -> bool:
 
     with tempfile.TemporaryDirectory(prefix="cann-calibrate-") as tmp:
         os.environ["CANN_TRAIN_VAR"] = tmp  # hardware.calibration_dir(): the profile below is this run's
-        from workers.planner.calibrate_local import calibrate
         from workers.planner.costmodel import CostModel, Layouts
         from workers.planner.hardware import Framework, framework_for
         from workers.planner.specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
+        from workers.training.calibrate import calibrate
         from workers.training.cli import run_local
         from workers.training.config import JobConfig
         from workers.training.examples import example

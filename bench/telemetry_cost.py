@@ -33,11 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workers.reliability.local_job import launch, stop, straggler_job_config  # noqa: E402
-from workers.reliability.progress import read_progress  # noqa: E402
 from workers.reliability.risk_watch import NodeRiskWatch  # noqa: E402
-from workers.reliability.step_times import StepTimesReader, StepTimesWriter  # noqa: E402
 from workers.reliability.telemetry.job import JobSignals  # noqa: E402
 from workers.reliability.telemetry.sampler import TelemetrySampler, collectors_for_node  # noqa: E402
+from workers.training.supervision.progress import read_progress  # noqa: E402
+from workers.training.supervision.step_times import StepTimesReader, StepTimesWriter  # noqa: E402
 
 BUDGET = 0.01  # issue 14: telemetry collection costs at most 1% of step time
 

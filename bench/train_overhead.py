@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workers.training import device as device_mod  # noqa: E402
+from workers.devices import backend as device_mod  # noqa: E402
 
 device_mod.prepare_environment()
 

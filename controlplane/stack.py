@@ -138,7 +138,7 @@ def worker_command(
 
 def stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
     """Stop each child's process group (the engine's supervisor logic: SIGTERM, then SIGKILL)."""
-    from workers.training.supervisor import stop_groups
+    from workers.training.supervision.supervisor import stop_groups
 
     stop_groups(procs, timeout)
 

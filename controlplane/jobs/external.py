@@ -88,7 +88,7 @@ class _Slurm:
         if not state.log_path:
             return []
         from controlplane.common.redis import redis_client
-        from workers.training.supervisor import LogFollower
+        from workers.training.supervision.supervisor import LogFollower
 
         key = LOG_OFFSET_KEY.format(job=job.pk, attempt=job.attempts)
         follower = _FOLLOWERS.get(key)

@@ -322,7 +322,7 @@ def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, loc
     ``publish_after_commit``, which keeps them in the database while Redis is away (nothing is lost)."""
     from controlplane.live.services import publish_after_commit
     from workers.reliability.risk_watch import NodeRiskWatch, PreventionPolicy
-    from workers.training.supervisor import node_name
+    from workers.training.supervision.supervisor import node_name
 
     model, absent = failure_model()
     return NodeRiskWatch(

@@ -1,6 +1,6 @@
 """Writes for training jobs: create, launch (fan out to nodes, supervise each node's torchrun), cancel,
 relaunch, and settle what the nodes report. The process supervision itself is the engine's
-(``workers.training.supervisor``); this module records what it reports."""
+(``workers.training.supervision.supervisor``); this module records what it reports."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from controlplane.jobs.selectors import NODE_QUEUE_PREFIX, online_node_queues, r
 from controlplane.jobs.tasks import launch_job, run_node
 from controlplane.live.feeds import notify_after_commit
 from controlplane.live.services import publish, publish_after_commit
-from workers.training import supervisor
+from workers.training.supervision import supervisor
 
 log = logging.getLogger(__name__)
 
@@ -318,11 +318,11 @@ def check_elastic_policy(config: dict, *, min_nodes: int, nnodes: int, max_resta
 
 
 def check_elastic_layout(config: dict, *, min_nodes: int, nproc: int) -> None:
-    """A layout for the ranks of ``min_nodes`` nodes (``workers.reliability.scaling``: the strategy's dp
+    """A layout for the ranks of ``min_nodes`` nodes (``workers.training.scaling``: the strategy's dp
     rescaled with the global batch kept, else the planner's best), as a 400; the node counts between are
     the runtime's to lay out the same way."""
-    from workers.reliability.scaling import replan
     from workers.training.config import ConfigError, JobConfig
+    from workers.training.scaling import replan
 
     ranks = min_nodes * nproc
     try:
@@ -346,7 +346,7 @@ def check_injectable(config: dict, world_size: int, *, allow_kill_worker: bool) 
     ``drop-link``: a job's ranks run on the machine's own network, not in the emulated one's namespaces."""
     if not config.get("inject"):
         return
-    from workers.reliability.faults import DROP_LINK_NEEDS_NETEM, parse_faults
+    from workers.training.supervision.fault_plan import DROP_LINK_NEEDS_NETEM, parse_faults
 
     try:
         faults = parse_faults(config["inject"])
@@ -951,7 +951,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     picked_at = timezone.now()
     JobNode.objects.filter(pk=node.pk).update(node_name=supervisor.node_name(), heartbeat_at=picked_at)
     TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=picked_at)
-    from workers.training.device import device_memory_GiB, devices_missing, select_device
+    from workers.devices.backend import device_memory_GiB, devices_missing, select_device
     from workers.training.fits import memory_problem
 
     requested = job.config.get("device", "auto")
@@ -1010,7 +1010,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         # an elastic range: --nnodes MIN:MAX, so the agents re-form the group on the nodes left (and with a
         # node that comes back)
         min_nodes=job.min_nodes if job.elastic else None,
-        # warm agents (workers.training.agent) for every job: the ranks fork from one import of the runtime
+        # warm agents (workers.training.supervision.agent) for every job: the ranks fork from one import of the runtime
         # (~4 s of CPU per rank saved at each start and restart here). With plain torchrun the shrink and
         # regrow of tests/engines/reliability/test_elastic_scaling.py timed out. A killed Celery worker's job once
         # settled ~100 s later with them (test_chaos); re-measured after the ranks' OpenMP pool fix: 36 s,

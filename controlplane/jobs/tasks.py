@@ -50,7 +50,7 @@ def compare_comm(comparison_id: int) -> str:
 def offer_this_node(sender=None, **kwargs) -> None:
     """A node worker (``-Q ...,node.<name>``) that comes online offers itself to the elastic jobs running on
     fewer nodes than their ``max_nodes`` (grow back: ``grow_elastic_jobs``)."""
-    from workers.training.supervisor import node_name
+    from workers.training.supervision.supervisor import node_name
 
     queue = f"node.{node_name()}"
     if sender is None or queue not in sender.app.amqp.queues.consume_from:

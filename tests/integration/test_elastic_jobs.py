@@ -230,7 +230,7 @@ def test_an_elastic_nodes_command_leaves_the_rendezvous_store_to_node_0():
 
     joining = render_torchrun_command("/tmp/job.json", 2, 1, 1, "h:1", "job1-a1", 3, min_nodes=1, warm=True,
                                       hosts_store=False)  # fmt: skip
-    assert "--nnodes=1:2" in joining and "workers.training.agent" in joining
+    assert "--nnodes=1:2" in joining and "workers.training.supervision.agent" in joining
     assert "--rdzv-conf=last_call_timeout=5,is_host=false" in joining
     plain = render_torchrun_command("/tmp/job.json", 2, 1, 1, "h:1", "job1-a1", 3)
     assert not any(a.startswith("--rdzv-conf") for a in plain) and "--nnodes=2" in plain

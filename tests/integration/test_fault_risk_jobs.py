@@ -21,7 +21,7 @@ import pytest
 
 from tests.integration.test_jobs import example, wait_for_state
 from workers.reliability.degrade import StopBursts
-from workers.reliability.progress import read_progress
+from workers.training.supervision.progress import read_progress
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from workers.planner.calibrate_local import calibrate_device, measure_matmul
+from workers.devices.backend import probe_cuda
 from workers.planner.hardware import (
     achievable_compute,
     device_calibration_path,
     efficiency_for,
     model_constants,
 )
-from workers.training.device import probe_cuda
+from workers.training.calibrate import calibrate_device, measure_matmul
 
 
 @pytest.fixture

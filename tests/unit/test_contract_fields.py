@@ -79,7 +79,7 @@ def test_every_shipped_document_parses():
 def test_the_clusters_built_at_run_time_parse(tmp_path):
     """This machine as the seed describes it, and the cluster.json `cann-train calibrate` writes."""
     from controlplane.planning.seed import local_cpu_cluster
-    from workers.planner.calibrate_local import calibrate
+    from workers.training.calibrate import calibrate
 
     ClusterSpec.from_dict(local_cpu_cluster()[0])
     _profile, paths = calibrate(str(tmp_path), quick=True, allreduce=False)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from workers.reliability.elastic import ElasticWatch
-from workers.reliability.progress import ProgressWriter
+from workers.training.supervision.progress import ProgressWriter
 
 
 @pytest.fixture

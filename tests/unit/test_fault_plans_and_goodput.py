@@ -12,11 +12,12 @@ import time
 import pytest
 
 from workers.reliability.elastic import ElasticWatch
-from workers.reliability.faults import Fault, FaultInjector, flip_a_byte, parse_faults
+from workers.reliability.faults import FaultInjector, flip_a_byte
 from workers.reliability.goodput import goodput, kept_losses
-from workers.reliability.progress import ProgressWriter, TimelineReader, read_progress
 from workers.training import examples
 from workers.training.config import ConfigError, JobConfig
+from workers.training.supervision.fault_plan import Fault, parse_faults
+from workers.training.supervision.progress import ProgressWriter, TimelineReader, read_progress
 
 
 def test_a_fault_plan_parses():

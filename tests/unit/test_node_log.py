@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from workers.training.supervisor import OUTPUT_MAX_LINES, LogFilter, filtered_tail, supervise
+from workers.training.supervision.supervisor import OUTPUT_MAX_LINES, LogFilter, filtered_tail, supervise
 
 # what a two-rank job's node log looked like before (trimmed from a real run)
 NOISY_LOG = """

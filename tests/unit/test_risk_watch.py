@@ -9,7 +9,7 @@ import pytest
 
 from tests.unit.test_straggler import sync_dp_steps
 from workers.reliability.risk_watch import NodeRiskWatch, risk_level
-from workers.reliability.step_times import StepTimesWriter
+from workers.training.supervision.step_times import StepTimesWriter
 
 
 def write_job(directory, ranks, seconds, slow_rank=None, slow_after=1008.0, restart=0):
@@ -151,7 +151,7 @@ def actions_of(events):
 
 
 def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outcome(tmp_path):
-    from workers.reliability.snapshot_now import SnapshotRequests
+    from workers.training.supervision.snapshot_now import SnapshotRequests
 
     events, drained = [], []
 
@@ -180,7 +180,7 @@ def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outco
 
 
 def test_a_drain_that_cannot_be_done_is_refused_with_the_reason(tmp_path):
-    from workers.reliability.snapshot_now import SnapshotRequests
+    from workers.training.supervision.snapshot_now import SnapshotRequests
 
     events = []
     watch = flagged_watch(
@@ -197,7 +197,7 @@ def test_a_drain_that_cannot_be_done_is_refused_with_the_reason(tmp_path):
 
 def test_no_action_on_an_observe_only_job_or_one_without_snapshots_and_an_unanswered_request(tmp_path):
     from workers.reliability.risk_watch import PreventionPolicy
-    from workers.reliability.snapshot_now import REQUEST
+    from workers.training.supervision.snapshot_now import REQUEST
 
     events = []
     flagged_watch(tmp_path / "observe", events, protected=True, prevention=PreventionPolicy(mode="observe"))

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from workers.reliability.degrade import CpuQuota, StopBursts
-from workers.reliability.step_times import StepTimesReader, StepTimesWriter
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy, StragglerWatch
+from workers.training.supervision.step_times import StepTimesReader, StepTimesWriter
 
 
 def sync_dp_steps(n_ranks, seconds, *, step_s=0.05, comm_s=0.01, jitter=0.15, extra=None, seed=0):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from workers.training.supervisor import read_tail, supervise
+from workers.training.supervision.supervisor import read_tail, supervise
 
 # a parent that starts a grandchild, writes both pids, and waits: stopping must reach the grandchild too
 FAMILY = (

@@ -213,7 +213,7 @@ def test_render_torchrun_command_uses_c10d_rendezvous_and_the_module_entry_point
     cmd = render_torchrun_command("/tmp/job.json", 2, 8, 1, "10.0.0.1:29400", "job-42", 3)
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     warm = render_torchrun_command("/tmp/job.json", 2, 8, 1, "10.0.0.1:29400", "job-42", 3, warm=True)
-    assert warm[1:3] == ["-m", "workers.training.agent"] and warm[3:] == cmd[3:]  # the same flags
+    assert warm[1:3] == ["-m", "workers.training.supervision.agent"] and warm[3:] == cmd[3:]  # the same flags
     for arg in (
         "--nnodes=2",
         "--nproc-per-node=8",

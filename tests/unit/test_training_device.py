@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.training import device as device_mod
-from workers.training.device import DeviceUnavailable, select_device
+from workers.devices import backend as device_mod
+from workers.devices.backend import DeviceUnavailable, select_device
 
 
 def test_cpu_is_gloo():
@@ -77,7 +77,7 @@ def test_cuda_is_nccl_when_a_gpu_is_present():
 def test_a_node_without_the_requested_devices_says_so_before_starting_ranks():
     import torch
 
-    from workers.training.device import devices_missing
+    from workers.devices.backend import devices_missing
 
     assert devices_missing("cpu", 4) == ""
     if not torch.cuda.is_available():

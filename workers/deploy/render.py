@@ -63,7 +63,7 @@ DEVICE_ENV: dict[str, dict[str, str]] = {
     "cpu": {},
 }
 """Set for every job on that device kind, beside ``CANN_TRAIN_DEVICE`` and ``TORCHRUN_ENV``
-(``TORCH_DEVICE_BACKEND_AUTOLOAD=0``: the runtime imports ``torch_npu`` itself, ``workers.training.device``)."""
+(``TORCH_DEVICE_BACKEND_AUTOLOAD=0``: the runtime imports ``torch_npu`` itself, ``workers.devices.backend``)."""
 
 OPTIONAL_ENV: dict[str, dict[str, str]] = {
     "cuda": {

@@ -183,7 +183,7 @@ def cancel(job_id: str) -> None:
 
 def output_tail(path: str | Path) -> str:
     """The end of the job's output file (its ``StdOut``), torchrun's noise left out as the local launcher's log
-    tail leaves it out (``workers.training.supervisor.filtered_tail``); "" when there is none (yet)."""
-    from workers.training.supervisor import filtered_tail
+    tail leaves it out (``workers.training.supervision.supervisor.filtered_tail``); "" when there is none (yet)."""
+    from workers.training.supervision.supervisor import filtered_tail
 
     return filtered_tail(Path(path)) if path else ""

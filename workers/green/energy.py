@@ -4,7 +4,7 @@ An :class:`EnergyAccount` is fed :class:`~workers.green.power.PowerReading` s (`
 after every step or every few steps, with the tokens trained since the previous reading) and keeps:
 
 - IT energy per component (``device``, ``cpu``, ``memory``) and facility energy = IT x PUE (the cluster's
-  PUE, else Uptime Institute's 2023 industry average 1.58, source in ``data/power_defaults.json``);
+  PUE, else Uptime Institute's 2023 industry average 1.58, source in ``workers/planner/data/facility.json``);
 - location-based gCO2e: each interval's facility energy, taken as drawn at constant power over the
   interval, times the grid intensity integrated over that interval (:meth:`IntensitySeries.grams_per_kw`),
   not one average; energy drawn where the series has no value is counted apart and said so;
@@ -31,11 +31,9 @@ from typing import Any
 
 from workers.green.power import COMPONENTS, METHODS, PowerReading, load_defaults
 from workers.green.series import IntensitySeries, as_utc, step_integral
+from workers.planner.energy import DEFAULT_PUE, PUE_SOURCE  # the planner's cited default (data/facility.json)
 
 _DEFAULTS = load_defaults()
-DEFAULT_PUE = float(_DEFAULTS["pue"]["default"])
-"""Uptime Institute's 2023 industry-average PUE (1.58); the source is ``PUE_SOURCE``."""
-PUE_SOURCE = _DEFAULTS["pue"]["source"]
 JOULES_PER_KWH = 3.6e6
 TOKENS_PER_R = 1_000_000
 """SCI's functional unit R: one million training tokens."""

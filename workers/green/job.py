@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -116,7 +117,11 @@ class JobEnergy:
         local_rank: int,
         under_torchrun: bool,
         env: Mapping[str, str] | None = None,
+        collective_wait: Callable[[], AbstractContextManager] = nullcontext,
     ):
+        """``collective_wait``: a context manager around this account's all-reduce that times it as a
+        collective wait (the trainer passes the straggler watch's ``blocking_wait.timed``; the green engine
+        sits below the runtime and does not import it)."""
         errors = check_energy_settings(settings)
         if errors:
             raise ValueError("; ".join(errors))
@@ -124,6 +129,7 @@ class JobEnergy:
         self.settings = s
         self.every = int(s.get("every") or DEFAULT_EVERY)
         self.rank, self.world_size = rank, world_size
+        self._collective_wait = collective_wait
         self.meter = None
         if local_rank == 0:
             self.meter = select_meter(
@@ -147,15 +153,13 @@ class JobEnergy:
         import torch
         import torch.distributed as dist
 
-        from workers.reliability.step_times import blocking_wait
-
         mine = [0.0] * len(COMPONENTS)
         if self.meter is not None:
             joules = self.meter.read().joules
             mine = [joules[c] for c in COMPONENTS]
         if self.world_size > 1 and dist.is_initialized():
             t = torch.tensor(mine, dtype=torch.float64, device=device)
-            with blocking_wait.timed():  # the straggler watch's collective wait (step_times)
+            with self._collective_wait():
                 dist.all_reduce(t)
             mine = t.tolist()
         return PowerReading(datetime.now(UTC), dict(zip(COMPONENTS, mine, strict=True)))

@@ -34,8 +34,10 @@ Pure Python; nothing here imports Django, Celery or torch.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .plan import Plan
@@ -48,16 +50,13 @@ SCOPE = "accelerator boards only; host CPUs, memory and network not predicted; f
 UTILISATION_BASIS = "busy share of the busiest stage: (compute_s + optimizer_s) / step_time_s"
 UTILISATION_BASIS_CONTRACT = "busy share: 1 - bubble_fraction - exposed_comm_s / step_time_s"
 NO_IDLE_NOTE = "no idle figure: W = tdp_watts x utilisation, waiting time costs 0 W (a lower bound)"
-DEFAULT_PUE_REFERENCE = "default: workers/green/data/power_defaults.json, pue.source"
+_FACILITY = json.loads((Path(__file__).parent / "data" / "facility.json").read_text())
+DEFAULT_PUE = float(_FACILITY["pue"]["default"])
+"""Uptime Institute's 2023 industry-average PUE (1.58), for a site that states none; the planner's own
+figure (``data/facility.json``, its citation in ``PUE_SOURCE``), which the green engine's accounts use too."""
+PUE_SOURCE = _FACILITY["pue"]["source"]
+DEFAULT_PUE_REFERENCE = "default: workers/planner/data/facility.json, pue.source"
 """Where the default PUE's citation lives (the plan block points there rather than repeating it)."""
-
-
-def _default_pue() -> float:
-    """The green engine's default PUE (cited in ``workers/green/data/power_defaults.json``); imported, not
-    restated, and lazily (the green engine pulls in psutil)."""
-    from workers.green.energy import DEFAULT_PUE
-
-    return DEFAULT_PUE
 
 
 def _number(value: Any, name: str, *, low: float = 0.0, low_inclusive: bool = True) -> float:
@@ -199,7 +198,7 @@ def predict_energy(
     if pue is None:
         if pue_source is not None:
             raise ValueError("pue_source given without a pue")
-        pue, pue_source = _default_pue(), DEFAULT_PUE_REFERENCE
+        pue, pue_source = DEFAULT_PUE, DEFAULT_PUE_REFERENCE
     else:
         pue = _number(pue, "pue (total facility energy / IT energy)", low=1.0)
         if not pue_source:

@@ -196,7 +196,7 @@ class Framework:
     Python, the dispatcher, autograd and DTensor's sharding propagation per operator, and the optimizer's
     per-tensor loop. On an accelerator it hides behind queued kernels; on a CPU, where the kernels run on
     the same cores in the same thread, it is paid in full and dominates small models (each field measured
-    by ``cann-train calibrate`` on probe layers unlike any example: ``calibrate_local.measure_framework``).
+    by ``cann-train calibrate`` on probe layers unlike any example: ``workers.training.calibrate.measure_framework``).
     Profiles without a ``framework`` section (every shipped accelerator) charge nothing for it."""
 
     layer_pass_s: float = 0.0

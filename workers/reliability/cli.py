@@ -98,7 +98,7 @@ def run_elastic(
     from workers.reliability.elastic import ElasticWatch
     from workers.reliability.faults import FaultInjector
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
-    from workers.training.supervisor import supervise
+    from workers.training.supervision.supervisor import supervise
 
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, summary_path, log = run_dir / "job.json", run_dir / "summary.json", run_dir / "torchrun.log"
@@ -211,9 +211,9 @@ def elastic_result(run: dict, reference: dict | None, *, recovery: str) -> dict:
 
 
 def elastic_command(args: argparse.Namespace) -> int:
-    from workers.reliability.faults import DROP_LINK_NEEDS_NETEM, parse_faults
     from workers.training.cli import build_job_config
     from workers.training.config import ConfigError
+    from workers.training.supervision.fault_plan import DROP_LINK_NEEDS_NETEM, parse_faults
 
     try:
         for flag in ("steps", "snapshot_every", "snapshot_keep", "max_restarts", "snapshot_memory_every"):

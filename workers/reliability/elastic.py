@@ -12,8 +12,8 @@ link taken down by an injected ``drop-link`` (:mod:`workers.reliability.faults`)
 ranks wait in their collectives, none stopped; once the fault is recorded the link is brought up again, so
 the restarted group can re-form.
 
-The watch reads what the ranks write (:mod:`workers.reliability.progress`); it runs in the supervising
-process, called from :func:`workers.training.supervisor.supervise` (``on_poll``) every poll, so it works
+The watch reads what the ranks write (:mod:`workers.training.supervision.progress`); it runs in the supervising
+process, called from :func:`workers.training.supervision.supervisor.supervise` (``on_poll``) every poll, so it works
 while the ranks are dead or stopped. Each fault is reported (``on_fault``) when found and again when the
 group has committed its first step after it (``on_recovered``: the step it went back to, the steps lost,
 the recovery time). Snapshots the job publishes are reported once each (``on_snapshot``), verified.
@@ -45,9 +45,9 @@ from pathlib import Path
 
 import psutil
 
-from workers.reliability import progress as progress_mod
 from workers.reliability.faults import FaultInjector
 from workers.reliability.goodput import goodput, kept_losses
+from workers.training.supervision import progress as progress_mod
 
 log = logging.getLogger(__name__)
 

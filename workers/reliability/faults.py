@@ -1,11 +1,12 @@
 """Fault injection: the failures elastic training must survive, fired from outside the ranks.
 
-A fault plan is a comma-separated list (``JobConfig.inject``, ``cann-train elastic --inject``)::
+A fault plan is a comma-separated list (``JobConfig.inject``, ``cann-train elastic --inject``; its grammar,
+which the job's config checks, is the runtime's: :mod:`workers.training.supervision.fault_plan`)::
 
     kill-rank@step=17,hang-rank@step=40:rank=1,corrupt-snapshot@step=30,kill-worker@step=12
 
 ``kind@step=N[:rank=R]``. Each fault fires once, when the targeted rank reports step ``N`` committed (its
-``rank<r>.json`` progress file, :mod:`workers.reliability.progress`); ``rank`` defaults to the highest rank.
+``rank<r>.json`` progress file, :mod:`workers.training.supervision.progress`); ``rank`` defaults to the highest rank.
 Faults fire in the order written: one waits until those before it have fired (a plan is a scenario).
 
 - ``kill-rank``        SIGKILL the rank's process (a crash: OOM killer, segfault, lost device).
@@ -37,7 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import time
@@ -45,51 +45,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-KINDS = ("kill-rank", "hang-rank", "corrupt-snapshot", "kill-worker", "drop-link")
-MAX_FAULTS = 100
-_FAULT = re.compile(r"(?P<kind>[a-z-]+)@step=(?P<step>\d{1,9})(?::rank=(?P<rank>\d{1,6}))?")
+from workers.training.supervision.fault_plan import DROP_LINK_NEEDS_NETEM, Fault, parse_faults
+
 IP_TIMEOUT_S = 10.0  # an `ip` call takes milliseconds; this only bounds a stuck one
-DROP_LINK_NEEDS_NETEM = (
-    "drop-link takes down a node's link on the emulated two-tier network (one network namespace per node, "
-    "workers/training/comm/netem.py)"
-)
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    step: int
-    rank: int | None = None
-
-    def __str__(self) -> str:
-        return f"{self.kind}@step={self.step}" + (f":rank={self.rank}" if self.rank is not None else "")
-
-
-def parse_faults(text: str) -> list[Fault]:
-    """``kill-rank@step=17,hang-rank@step=40:rank=1`` -> faults; ``ValueError`` naming the bad item."""
-    faults: list[Fault] = []
-    for item in (part.strip() for part in str(text).split(",")):
-        if not item:
-            continue
-        m = _FAULT.fullmatch(item)
-        if not m:
-            raise ValueError(
-                f"{item!r} is not a fault: write kind@step=N or kind@step=N:rank=R "
-                f"(kinds: {', '.join(KINDS)}), e.g. kill-rank@step=17"
-            )
-        if m["kind"] not in KINDS:
-            raise ValueError(f"{m['kind']!r} is not a fault kind (known: {', '.join(KINDS)})")
-        step = int(m["step"])
-        if step < 1:
-            raise ValueError(f"{item!r}: the step must be >= 1 (faults fire after a committed step)")
-        rank = int(m["rank"]) if m["rank"] is not None else None
-        if rank is not None and m["kind"] in ("corrupt-snapshot", "kill-worker"):
-            raise ValueError(f"{item!r}: {m['kind']} takes no rank")
-        faults.append(Fault(m["kind"], step, rank))
-    if len(faults) > MAX_FAULTS:
-        raise ValueError(f"at most {MAX_FAULTS} faults, got {len(faults)}")
-    return faults
 
 
 @dataclass

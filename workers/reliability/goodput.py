@@ -3,7 +3,7 @@
 In the spirit of Google's ``ml-goodput-measurement`` badput taxonomy (program start-up, checkpoint
 save/restore, wasted progress from disruptions, other) and Meta's ETTR (effective training time ratio, the
 Llama 3 paper's "> 90% effective training time"), computed from rank 0's timeline
-(:mod:`workers.reliability.progress`), never estimated:
+(:mod:`workers.training.supervision.progress`), never estimated:
 
 - ``productive_s``: the step time of every step whose result was kept, i.e. its last execution (a step
   re-run after a restart was productive only the second time).

@@ -232,7 +232,7 @@ def run_hot_swap(
     )
     if not isinstance(kill_delay_s, int | float) or isinstance(kill_delay_s, bool) or kill_delay_s < 0:
         raise ValueError(f"kill_delay_s must be a number >= 0, got {kill_delay_s!r}")
-    from workers.training.supervisor import node_address
+    from workers.training.supervision.supervisor import node_address
 
     host = host or node_address()
     target = replicas - 1 if target is None else target
@@ -316,7 +316,7 @@ class _Supervisor:
             self.env.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
     def _popen(self, args: list[str], log: Path) -> subprocess.Popen:
-        from workers.training.supervisor import die_with_parent
+        from workers.training.supervision.supervisor import die_with_parent
 
         with log.open("ab") as out:
             return subprocess.Popen(
@@ -485,7 +485,7 @@ class _Supervisor:
             raise HotSwapError(f"timed out after {self.timeout_s:.0f} s waiting for {what}\n{self._tails()}")
 
     def _tails(self) -> str:
-        from workers.training.supervisor import read_tail
+        from workers.training.supervision.supervisor import read_tail
 
         parts = []
         for log in sorted(self.run_dir.glob("*.log")):
@@ -736,7 +736,7 @@ class _ReplicaModel:
     def __init__(self, cfg):
         import torch
 
-        from workers.training import device as device_mod
+        from workers.devices import backend as device_mod
         from workers.training.data import TokenCorpus
         from workers.training.model import Transformer
 
@@ -1156,7 +1156,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from workers.training import device as _device
+    from workers.devices import backend as _device
 
     _device.prepare_environment()
     sys.exit(main())

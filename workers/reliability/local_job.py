@@ -4,7 +4,7 @@ directory.
 
 The ranks are the project's ``Trainer`` -- same model, DDP over gloo, progress files -- and, since the
 progress directory is set, every rank writes its per-step timing (:mod:`.step_times`): what the straggler
-watch reads. Forking the ranks after the import (like ``workers.training.agent``) starts four ranks on two
+watch reads. Forking the ranks after the import (like ``workers.training.supervision.agent``) starts four ranks on two
 cores in a few seconds instead of four Python + torch imports.
 
 Launch (one node)::
@@ -22,16 +22,16 @@ import sys
 import uuid
 from pathlib import Path
 
-from workers.training import device as device_mod
+from workers.devices import backend as device_mod
 
 device_mod.prepare_environment()  # before torch is imported (torch-npu without CANN would break it)
 
-from workers.reliability import progress as progress_mod  # noqa: E402
+from workers.training.supervision import progress as progress_mod  # noqa: E402
 from workers.training.trainer import Trainer  # noqa: E402
 
 
 def run_rank(config_path: str) -> int:
-    """A forked rank (see ``workers.training.agent.run_rank``: die on SIGTERM as a spawned rank does)."""
+    """A forked rank (see ``workers.training.supervision.agent.run_rank``: die on SIGTERM as a spawned rank does)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     from workers.training.config import JobConfig, read_json

@@ -1,6 +1,6 @@
 """One node's fault-risk loop, run by the node's supervisor beside the recovery watch (pure engine).
 
-:class:`NodeRiskWatch` is polled from :func:`workers.training.supervisor.supervise` (``on_poll``), on the
+:class:`NodeRiskWatch` is polled from :func:`workers.training.supervision.supervisor.supervise` (``on_poll``), on the
 supervisor's thread, while the node's ranks train:
 
 - **telemetry**: a :class:`~workers.reliability.telemetry.sampler.TelemetrySampler` samples this node's
@@ -63,13 +63,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.reliability import snapshot_now
-from workers.reliability.progress import read_progress
-from workers.reliability.step_times import StepTimesReader
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
 from workers.reliability.telemetry.job import JobSignals
 from workers.reliability.telemetry.sampler import DEFAULT_INTERVAL_S, TelemetrySampler, collectors_for_node
+from workers.training.supervision import snapshot_now
+from workers.training.supervision.progress import read_progress
+from workers.training.supervision.step_times import StepTimesReader
 
 log = logging.getLogger(__name__)
 

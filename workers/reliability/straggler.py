@@ -1,7 +1,7 @@
 """Straggler / degraded-rank detection from live per-rank step timing (pure engine).
 
 Fed, per optimizer step and per rank, the step's wall time and the part of it the rank spent blocked in
-collectives (:mod:`workers.reliability.step_times` carries them from the ranks), it scores every rank
+collectives (:mod:`workers.training.supervision.step_times` carries them from the ranks), it scores every rank
 against its peers and flags a rank that keeps the others waiting.
 
 Which signal. In synchronous data parallelism the gradient all-reduce lines the ranks up: every rank's step
@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.reliability.step_times import StepTimesReader
+from workers.training.supervision.step_times import StepTimesReader
 
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD -> standard deviation under normality (Rousseeuw & Croux 1993)
 MODIFIED_Z_OUTLIER = 3.5  # Iglewicz & Hoaglin 1993, "How to Detect and Handle Outliers", sec. 3.3

@@ -2,7 +2,9 @@
 
 Components (each small, each with its own config in :mod:`workers.training.config`):
 
-- :mod:`~workers.training.device`      picks ``npu|cuda|cpu`` and the matching process-group backend
+- :mod:`~workers.training.supervision` the node: torchrun supervisor, warm agent, rank<->supervisor files
+- :mod:`~workers.training.calibrate`   measures this machine for the planner (``cann-train calibrate``)
+- :mod:`~workers.training.scaling`     the layout for a shrunk or regrown worker set
 - :mod:`~workers.training.model`       a plain GPT-style decoder with optional MoE layers
 - :mod:`~workers.training.data`        deterministic, rank-sharded, resumable byte-level token stream
 - :mod:`~workers.training.parallelize` strategy -> ``DeviceMesh`` -> torch's DDP/FSDP2/TP/PP/EP/AC

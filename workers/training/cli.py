@@ -136,11 +136,11 @@ def run_local(
     cfg, nproc: int, *, timeout: float = 3600, log_path: str | None = None, warm: bool = True
 ) -> dict:
     """Run ``cfg`` under torchrun on this machine; returns rank 0's summary. Raises ``RuntimeError``
-    with the tail of the log when the run fails. ``warm``: torchrun's agent as ``workers.training.agent``
+    with the tail of the log when the run fails. ``warm``: torchrun's agent as ``workers.training.supervision.agent``
     runs it, forking the ranks from one import of the runtime instead of starting each as a new
     interpreter (``import workers.training.trainer`` is ~4 s of CPU here, paid once instead of per rank)."""
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
-    from workers.training.supervisor import supervise
+    from workers.training.supervision.supervisor import supervise
 
     with tempfile.TemporaryDirectory(prefix="cann-train-") as tmp:
         config_path, summary_path = Path(tmp) / "job.json", Path(tmp) / "summary.json"

@@ -243,7 +243,7 @@ class JobConfig:
     that lives on restarts from there without reading disk (``checkpoint/memory.py``)."""
     rescale: bool = False
     """Accept a world size other than the strategy's (torchrun ``--nnodes MIN:MAX`` after a node was lost or
-    came back): the layout for the ranks present is chosen by ``workers.reliability.scaling.replan`` and the
+    came back): the layout for the ranks present is chosen by ``workers.training.scaling.replan`` and the
     state resharded from the newest snapshot. Off: a different world size is an error."""
     resume_from: str | None = None
     """Continue from exactly this snapshot (``step-00000020``; a restore): it must verify, and the newer ones
@@ -406,7 +406,7 @@ class JobConfig:
                 raise ConfigError("resume_from", f"must be a snapshot name like step-00000020, got {name!r}")
             kwargs["resume"] = True
         if kwargs.get("inject") is not None:
-            from workers.reliability.faults import parse_faults
+            from workers.training.supervision.fault_plan import parse_faults
 
             if not isinstance(kwargs["inject"], str):
                 raise ConfigError(

@@ -54,7 +54,7 @@ def render_torchrun_command(
         # warm: torchrun's agent forking ranks that skip the import (agent.py); every job of the control
         # plane, cann-train train / elastic and the benches use it. Plain torchrun stays the default of this
         # function for commands a user runs by hand
-        "workers.training.agent" if warm else "torch.distributed.run",
+        "workers.training.supervision.agent" if warm else "torch.distributed.run",
         f"--nnodes={nnodes}"
         if min_nodes is None or min_nodes == nnodes
         else f"--nnodes={min_nodes}:{nnodes}",

@@ -155,7 +155,7 @@ def parallelize(
     """Apply ``cfg.strategy`` to ``model`` on this ``rank``: the mesh, then per pipeline stage of this rank
     TP -> CP -> EP -> activation checkpointing -> data parallel, then the pipeline schedule.
     ``timed_allreduce``: a DDP part without ``cfg.comm_hook`` gets torch's plain all-reduce hook with our
-    timing (its exposed communication time is the rank's collective wait: ``workers.reliability.step_times``)."""
+    timing (its exposed communication time is the rank's collective wait: ``workers.training.supervision.step_times``)."""
     s = cfg.strategy
     dims = ParallelDims.from_strategy(s, world_size)
     coords = dims.coordinates(rank)

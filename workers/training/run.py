@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 
-from workers.training import device as device_mod
+from workers.devices import backend as device_mod
 
 device_mod.prepare_environment()  # before torch is imported (torch-npu without CANN would break it)
 

@@ -25,8 +25,8 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from workers.reliability.step_times import blocking_wait
-from workers.training import device as device_mod
+from workers.devices import backend as device_mod
+from workers.training.supervision.step_times import blocking_wait
 
 RANK_METRICS_EVERY = 5
 """Steps between two gathers (a gather is one all_gather of 4 floats per rank)."""

@@ -35,11 +35,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from workers.devices import backend as device_mod
 from workers.green.job import JobEnergy
-from workers.reliability.progress import ProgressWriter, group_start, process_start_unix, restart_count
-from workers.reliability.snapshot_now import SnapshotRequests
-from workers.reliability.step_times import StepTimesWriter, blocking_wait
-from workers.training import device as device_mod
 from workers.training import system_metrics
 from workers.training.checkpoint import SnapshotInfo, SnapshotManager, SnapshotRecord
 from workers.training.checkpoint.gradlog import group_hyper, replay
@@ -66,6 +63,14 @@ from workers.training.parallelize import (
     pipeline_bubble_fraction,
     tp_shard_count,
 )
+from workers.training.supervision.progress import (
+    ProgressWriter,
+    group_start,
+    process_start_unix,
+    restart_count,
+)
+from workers.training.supervision.snapshot_now import SnapshotRequests
+from workers.training.supervision.step_times import StepTimesWriter, blocking_wait
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LOG_EVERY_S = 2.0
@@ -129,7 +134,7 @@ class Trainer:
                 raise ValueError(
                     f"strategy needs tp*pp*dp*cp = {cfg.world_size} processes, torchrun started {world_size}"
                 )
-            from workers.reliability.scaling import replan
+            from workers.training.scaling import replan
 
             cfg, self.rescaled = replan(cfg, world_size)
             self.cfg = cfg
@@ -142,10 +147,10 @@ class Trainer:
         self._agree_on_restart()
         self.step_times = StepTimesWriter.from_env(rank, restart=self.restart)
         """Every rank's step time and collective wait, one line per step, for the supervisor's straggler watch
-        (:mod:`workers.reliability.step_times`); None when no supervisor watches."""
+        (:mod:`workers.training.supervision.step_times`); None when no supervisor watches."""
         self.snapshot_requests = SnapshotRequests.from_env() if local_rank == 0 else None
         """Local rank 0 of each node: the node's supervisor may ask for a snapshot now (a prevention action,
-        :mod:`workers.reliability.snapshot_now`); the step's packed all-reduce carries it to every rank."""
+        :mod:`workers.training.supervision.snapshot_now`); the step's packed all-reduce carries it to every rank."""
         self._snapshot_now = False
         if self.progress is not None:
             self.progress.event("start", t=process_start_unix())
@@ -215,6 +220,7 @@ class Trainer:
                 world_size=world_size,
                 local_rank=local_rank,
                 under_torchrun="TORCHELASTIC_RUN_ID" in os.environ,
+                collective_wait=blocking_wait.timed,
             )
         self.last_split = None
         # communication wall time and the part of it hidden under compute, summed over the profiled steps
@@ -273,7 +279,7 @@ class Trainer:
 
     def _agree_on_restart(self) -> None:
         """Every rank takes the highest restart count any rank was started with, and is a re-formed group's
-        when any rank is (:data:`workers.reliability.progress.GROUP_START_ENV`). torchrun counts failures
+        when any rank is (:data:`workers.training.supervision.progress.GROUP_START_ENV`). torchrun counts failures
         only: a node whose agent re-joins after a membership change (its link was down while the others
         restarted) starts its rank with the old count, and that rank would take itself for a first start --
         not resume, and refuse the snapshot directory (seen with ``drop-link``, docs/elastic.md); a node
@@ -1046,7 +1052,7 @@ class Trainer:
     def _log_scaling(self, before_strategy: dict) -> None:
         """The run continues on another number of ranks than the snapshot's: say so, with the planner's
         predicted throughput before and after (rank 0's log and timeline)."""
-        from workers.reliability.scaling import between
+        from workers.training.scaling import between
 
         d = between(self.cfg, before_strategy)
         if self.rescaled is not None:

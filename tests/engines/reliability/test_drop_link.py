@@ -24,7 +24,7 @@ from workers.reliability.elastic import ElasticWatch
 from workers.reliability.faults import FaultInjector
 from workers.training.comm import netem
 from workers.training.launch import render_torchrun_command, torchrun_env
-from workers.training.supervisor import stop_groups
+from workers.training.supervision.supervisor import stop_groups
 
 pytestmark = pytest.mark.skipif(bool(netem.unavailable_reason()), reason=netem.unavailable_reason() or "ok")
 STEPS = 24

@@ -1,6 +1,6 @@
 """Shrink and regrow on real torchrun agents: two "nodes" (one agent each, one rank each) on this machine in
 one elastic rendezvous (``--nnodes 1:2``). Node 1 is killed for good (its whole process group): node 0
-continues alone with the layout ``workers.reliability.scaling`` chose (dp 2 -> 1, the global batch kept)
+continues alone with the layout ``workers.training.scaling`` chose (dp 2 -> 1, the global batch kept)
 from the newest snapshot, resharded; node 1 comes back: the group grows to two ranks again. The loss curve
 stays the uninterrupted run's (within float tolerance: the reductions change with the world size)."""
 
@@ -14,12 +14,12 @@ import time
 import pytest
 
 from tests.engines.training.harness import job, start
-from workers.reliability.progress import ENV, TimelineReader, read_progress
-from workers.reliability.scaling import replan
 from workers.training.cli import run_local
 from workers.training.config import ConfigError
 from workers.training.launch import free_port
-from workers.training.supervisor import stop_groups
+from workers.training.scaling import replan
+from workers.training.supervision.progress import ENV, TimelineReader, read_progress
+from workers.training.supervision.supervisor import stop_groups
 
 pytestmark = pytest.mark.slow
 STEPS = 400

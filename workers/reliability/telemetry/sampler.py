@@ -31,7 +31,7 @@ DEFAULT_MAX_CPU_FRACTION = 0.01
 
 def node_name() -> str:
     """This node's name as the job's workers know it (``CANN_TRAIN_NODE`` or the host name)."""
-    from workers.training.supervisor import node_name as supervisor_node_name
+    from workers.training.supervision.supervisor import node_name as supervisor_node_name
 
     return supervisor_node_name()
 

@@ -300,7 +300,7 @@ def run_on_network(
     ...); ``should_stop()`` is asked every ``POLL_S``: when it says so, every node's process group is
     stopped (SIGTERM, then SIGKILL after a grace period) and :class:`ComparisonCancelled` is raised."""
     from workers.training.launch import render_torchrun_command, torchrun_env
-    from workers.training.supervisor import stop_groups
+    from workers.training.supervision.supervisor import stop_groups
 
     nnodes = len(net.node_list)
     with tempfile.TemporaryDirectory(prefix="comm-opt-") as tmp:
@@ -748,7 +748,7 @@ def format_table(c: Comparison) -> str:
 def rank_main(argv: list[str] | None = None) -> int:
     """One rank of a comparison run (started by torchrun): the runtime's ``workers.training.run``, with rank
     0's per-step figures appended to ``--steps-file`` for the parent to follow."""
-    from workers.training import device as device_mod
+    from workers.devices import backend as device_mod
 
     device_mod.prepare_environment()  # before torch is imported, as workers.training.run does
     parser = argparse.ArgumentParser(prog="python -m workers.training.comm.compare")

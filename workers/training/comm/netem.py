@@ -224,7 +224,7 @@ class TwoTierNetwork:
     def popen(self, index: int, argv: list[str], env: dict | None = None, **kwargs) -> subprocess.Popen:
         """Start ``argv`` inside node ``index`` (killed at exit if still running, and with the thread that
         started it)."""
-        from workers.training.supervisor import die_with_parent
+        from workers.training.supervision.supervisor import die_with_parent
 
         full_env = {**os.environ, **self.node_env(index), **(env or {})}
         # the death signal survives `ip netns exec`'s exec: when the process (or Celery worker thread) that

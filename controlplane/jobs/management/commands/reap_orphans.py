@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand
 
 from controlplane.jobs import services
-from workers.training.supervisor import HEARTBEAT_EVERY_S, node_name
+from workers.training.supervision.supervisor import HEARTBEAT_EVERY_S, node_name
 
 
 class Command(BaseCommand):

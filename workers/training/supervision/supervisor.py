@@ -89,7 +89,7 @@ def read_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
 # Lines of a node's log that tell its reader nothing: torchrun's OMP_NUM_THREADS banner, the profiler's
 # start/stop markers (a pair per rank and profiled step), library deprecation warnings (with the source line
 # Python prints under each), and torchrun's own chatter when it is stopped (a cancel, a timeout).
-# (torchrun's own entry point prints the banner bare; called as a library, as workers.training.agent does,
+# (torchrun's own entry point prints the banner bare; called as a library, as workers.training.supervision.agent does,
 # the first line comes through its logger: "W1130 22:05:31.5 17152 .../run.py:874] Setting OMP_...")
 _BANNER = re.compile(
     r"^\*{20,}\s*$|^(?:[WI]\d{4} .*\] )?Setting OMP_NUM_THREADS environment variable for each process"

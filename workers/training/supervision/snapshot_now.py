@@ -68,7 +68,7 @@ class SnapshotRequests:
 
     @classmethod
     def from_env(cls) -> SnapshotRequests | None:
-        from workers.reliability import progress as progress_mod
+        from workers.training.supervision import progress as progress_mod
 
         directory = os.environ.get(progress_mod.ENV)
         return cls(directory) if directory else None

@@ -1,7 +1,7 @@
 """Per-rank step timing, through files beside the progress files: what the straggler detector reads.
 
 Every rank appends one line per optimizer step to ``steps_rank<r>.jsonl`` in the progress directory
-(``CANN_TRAIN_PROGRESS_DIR``, :mod:`workers.reliability.progress`)::
+(``CANN_TRAIN_PROGRESS_DIR``, :mod:`workers.training.supervision.progress`)::
 
     {"step": 118, "restart": 0, "t": 1796135321.45, "step_s": 0.0251, "wait_s": 0.0042}
 
@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from workers.reliability import progress as progress_mod
+from workers.training.supervision import progress as progress_mod
 
 FILE_PATTERN = "steps_rank*.jsonl"
 _RANK_OF = re.compile(r"steps_rank(\d+)\.jsonl")

@@ -22,11 +22,11 @@ ENV = "CANN_TRAIN_PROGRESS_DIR"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun in every rank it starts
 GROUP_START_ENV = "CANN_TRAIN_GROUP_START"
 """How many times this node's agent has started its ranks (1: the first group), set by the warm agent
-(``workers.training.agent``) before each start. torchrun's restart count counts failures only: a group
+(``workers.training.supervision.agent``) before each start. torchrun's restart count counts failures only: a group
 re-formed after a membership change (a node joined or left without a rank failing) starts at the old count."""
 TIMELINE = "timeline.jsonl"
 NODE = os.environ.get("CANN_TRAIN_NODE") or socket.gethostname()
-"""The node this rank runs on, as its supervisor names it (``workers.training.supervisor.node_name``): the
+"""The node this rank runs on, as its supervisor names it (``workers.training.supervision.supervisor.node_name``): the
 fault-risk loop drains a straggler's node by this name."""
 
 

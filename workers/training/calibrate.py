@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .hardware import calibration_dir, device_calibration_path
+from workers.planner.hardware import calibration_dir, device_calibration_path
 
 PROCESSES = 2
 GEMM_SHAPES = [  # (m, n, k): square sweep plus the skinny shapes tensor parallelism produces
@@ -282,9 +282,9 @@ def compute_scales(framework: dict[str, Any], profile: dict[str, Any], cluster: 
     (plain, one rank) over what the cost model predicts for the same probe on this profile. With tp the
     same slope is below the noise of its ~20 ms passes (DTensor's per-operator cost) and is not used:
     tp layouts take this factor too."""
-    from .costmodel import CostModel, Layouts
-    from .hardware import Efficiency, Framework
-    from .specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
+    from workers.planner.costmodel import CostModel, Layouts
+    from workers.planner.hardware import Efficiency, Framework
+    from workers.planner.specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
 
     b1, b2 = PROBE_BATCHES
     model = ModelSpec.from_dict({**PROBE_MODEL, "num_layers": 1})
@@ -436,7 +436,7 @@ def measure_matmul(kind: str, shapes=None, warmup: int = 10, iterations: int = 5
     """Best bf16 matmul throughput on the first ``kind`` device (``cuda`` / ``npu``, or ``cpu`` for a
     check of the mechanics): per shape the mean of ``iterations`` after ``warmup``, timed between device
     synchronisations (MAMF methodology: Bekman, ml-engineering, compute/accelerator/benchmarks)."""
-    from workers.training.device import select_device, synchronize
+    from workers.devices.backend import select_device, synchronize
 
     choice = select_device(kind)  # DeviceUnavailable (with the reason) when the hardware is absent
     import torch
@@ -466,7 +466,7 @@ def calibrate_device(
     """Measure an accelerator's achievable matmul fraction of its datasheet bf16 peak and write it for
     the planner (``hardware.device_calibration_path``); returns (the document, its path). The profile is the one the
     device's name matches (``hardware.find_profile``); the datasheet peak is that profile's."""
-    from .hardware import find_profile
+    from workers.planner.hardware import find_profile
 
     shapes = shapes or (QUICK_ACCELERATOR_SHAPES if quick else None)
     found = measure_matmul(kind, shapes, warmup=3 if quick else 10, iterations=10 if quick else 50)

@@ -1,6 +1,6 @@
 """torchrun with warm restarts: the node's agent imports the runtime once and *forks* every rank from it.
 
-``python -m workers.training.agent <torchrun's flags> -m workers.training.run --config job.json`` takes
+``python -m workers.training.supervision.agent <torchrun's flags> -m workers.training.run --config job.json`` takes
 exactly torchrun's command line (its own parser, ``torch.distributed.run.config_from_args``) and runs
 torchrun's elastic agent (``elastic_launch``: c10d rendezvous, ``--max-restarts``, monitoring, the same
 exit codes), but with the runtime as a Python function and ``start_method="fork"`` (the runtime, or
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from workers.training import device as device_mod
+from workers.devices import backend as device_mod
 
 device_mod.prepare_environment()  # before torch is imported (torch-npu without CANN would break it)
 
@@ -80,7 +80,7 @@ def count_group_starts() -> None:
 
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    from workers.reliability.progress import GROUP_START_ENV
+    from workers.training.supervision.progress import GROUP_START_ENV
 
     start = LocalElasticAgent._start_workers
     if getattr(start, "counts_group_starts", False):
