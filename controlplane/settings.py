@@ -66,7 +66,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
-    "controlplane.common",  # abstract models, the health and probe tasks
+    "controlplane.common",  # abstract models, the health task
     "controlplane.accounts",
     "controlplane.dashboard",
     "controlplane.clusters",
@@ -74,7 +74,7 @@ INSTALLED_APPS = [
     "controlplane.jobs",
     "controlplane.green",
     "controlplane.live",
-    "django_prometheus",  # /metrics: request and response figures (controlplane/common/metrics.py)
+    "django_prometheus",  # /metrics: request and response figures (controlplane/metrics.py)
 ]
 
 MIDDLEWARE = [
@@ -138,6 +138,10 @@ GREEN_DEFAULT_ZONE = os.environ.get("CANN_TRAIN_GRID_ZONE", "GB")
 # (a directory written by 'cann-train faults train --out DIR'; none: risk is the straggler score alone)
 TELEMETRY_EVERY_S = float(os.environ.get("CANN_TRAIN_TELEMETRY_EVERY_S", "5"))
 RISK_MODEL_DIR = os.environ.get("CANN_TRAIN_RISK_MODEL", "")
+
+# CPU ranks one machine may run per node (torchrun --nproc-per-node): the job API's limit, and the knowledge
+# base's for "runs here"; GPUs/NPUs are bounded by the device count
+MAX_CPU_RANKS_PER_NODE = int(os.environ.get("CANN_TRAIN_MAX_CPU_RANKS", "4"))
 
 # --- launching jobs beyond one machine (controlplane/jobs/external.py; README "Beyond one machine") --------
 # local: a Celery worker runs each node's torchrun (the default); slurm: sbatch; kubernetes: a PyTorchJob
@@ -354,7 +358,7 @@ SECURE_CSP_REPORT_ONLY = env_bool("CSP_REPORT_ONLY", False)
 
 # --- observability (README "Observability") -------------------------------------------------------------
 # /metrics is for operators and shows every team: set METRICS_TOKEN and scrape with "Authorization: Bearer
-# <token>"; unset, only unproxied loopback clients are answered (controlplane/common/metrics.py)
+# <token>"; unset, only unproxied loopback clients are answered (controlplane/metrics.py)
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 # plain: a line for people; json: one JSON object per line with request_id / job_id / search_id
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain").lower()

@@ -14,13 +14,13 @@ from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
 from controlplane.common import errors
 from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
-from controlplane.common.metrics import metrics_view, register_product_metrics
 from controlplane.common.middleware import csp_update
-from controlplane.dashboard.views import dashboard
-from controlplane.green.views import green_index, green_report
+from controlplane.dashboard.views import dashboard, green_page
+from controlplane.green.views import green_report
 from controlplane.jobs import failure_pattern_apis
 from controlplane.jobs import views as job_views
 from controlplane.jobs.apis import TrainingJobViewSet
+from controlplane.metrics import metrics_view, register_product_metrics
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
 
 register_converter(IdConverter, "id")  # an object id: at most 18 digits, else no URL matches (a 404)
@@ -85,7 +85,7 @@ urlpatterns = [
     path("tokens/<id:pk>/revoke/", account_views.token_revoke_view, name="token-revoke"),
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
-    path("green/", green_index, name="green"),
+    path("green/", green_page, name="green"),
     path("green/reports/<str:code>/", green_report, name="green-report"),
     path("failure-patterns/", job_views.failure_pattern_list, name="failure-pattern-list"),
     path("failure-patterns/<str:key>/", job_views.failure_pattern_detail, name="failure-pattern-detail"),

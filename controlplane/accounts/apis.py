@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from controlplane.accounts.models import ApiToken
 from controlplane.accounts.selectors import teams_of, tokens_of
 from controlplane.accounts.services import token_issue, token_revoke
-from controlplane.common.api import NameField
+from workers.planner.specs import name_problem
 
 
 class TeamOutput(serializers.Serializer):
@@ -36,9 +36,18 @@ class TokenOutput(serializers.ModelSerializer):
         fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
 
 
+def readable_name(value: str) -> None:
+    """The planner's rule for a name a person reads (no control or bidirectional-override characters), the one
+    ``common.api.NameField`` applies: accounts sits below ``common`` and takes the rule from the engine."""
+    if problem := name_problem(value):
+        raise serializers.ValidationError(problem)
+
+
 class TokenListCreateApi(APIView):
     class InputSerializer(serializers.Serializer):
-        name = NameField(max_length=100, help_text="what the token is for, e.g. 'laptop CLI'")
+        name = serializers.CharField(
+            max_length=100, validators=[readable_name], help_text="what the token is for, e.g. 'laptop CLI'"
+        )
 
     class CreatedSerializer(TokenOutput):
         token = serializers.CharField(help_text="the raw token; shown only once")

@@ -6,8 +6,7 @@ from rest_framework import serializers
 
 from controlplane.clusters.models import Cluster, HardwareProfile
 from controlplane.common.api import TeamScopedViewSet
-from controlplane.common.documents import DocumentSerializer
-from controlplane.planning.planner_adapters import checked
+from controlplane.common.documents import DocumentSerializer, checked
 from workers import planner
 
 

@@ -72,6 +72,13 @@ def _is_value_out_of_range(exc: Exception) -> bool:
     return "datatype mismatch" in text or "out of range" in text or "numeric field overflow" in text
 
 
+class TooMuchQueuedWork(exceptions.APIException):
+    """429: the team already has the most work of this kind one team may have queued or running at once."""
+
+    status_code = 429
+    default_code = "too_much_queued_work"
+
+
 class NameField(serializers.CharField):
     """A name a person reads in lists: 1 to 200 characters, no control or bidirectional-override characters
     (the planner's rule for document names, so every name follows one)."""

@@ -18,6 +18,7 @@ from django.core.exceptions import FieldDoesNotExist
 from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
 
 from controlplane.common.api import TeamOwnedSerializer
 from workers import planner
@@ -209,3 +210,24 @@ class DocumentSerializerSchema(OpenApiSerializerExtension):
         if doc.get("description"):
             schema["description"] = doc["description"]
         return schema
+
+
+def checked(kind: str, document, prefix: str | None = None):
+    """Parse a contract document with the planner; a SpecError becomes a field-level 400.
+
+    ``kind`` is one of model, cluster, training, strategy. Field paths keep the planner's dotted names
+    (``moe.top_k``), prefixed when the document sits inside a request (``model.moe.top_k``).
+    """
+    cls = {
+        "model": planner.ModelSpec,
+        "cluster": planner.ClusterSpec,
+        "training": planner.TrainingConfig,
+        "strategy": planner.Strategy,
+    }[kind]
+    if not isinstance(document, dict):
+        raise ValidationError({prefix or kind: [f"must be a {kind}.json object"]})
+    try:
+        return cls.from_dict(document)
+    except planner.SpecError as exc:
+        errors = exc.prefixed(prefix).errors if prefix else exc.errors
+        raise ValidationError(errors) from exc

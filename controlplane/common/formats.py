@@ -74,18 +74,18 @@ class SafeYAMLParser(YAMLParser):
             raise ParseError(f"Could not read the YAML body: {str(exc)[:200]}") from None
 
 
-class _ApiDumper(SafeDumper):
+class ApiDumper(SafeDumper):
     """SafeDumper that writes DRF's ErrorDetail (a str subclass) as the plain string it is."""
 
 
-_ApiDumper.add_representer(ErrorDetail, lambda dumper, value: dumper.represent_str(str(value)))
+ApiDumper.add_representer(ErrorDetail, lambda dumper, value: dumper.represent_str(str(value)))
 # any other str or int subclass too: a model's TextChoices value (``JobState.QUEUED`` in a view's dict) was a
 # RepresenterError, a 500, in YAML only
-_ApiDumper.add_multi_representer(str, lambda dumper, value: dumper.represent_str(str(value)))
-_ApiDumper.add_multi_representer(int, lambda dumper, value: dumper.represent_int(int(value)))
+ApiDumper.add_multi_representer(str, lambda dumper, value: dumper.represent_str(str(value)))
+ApiDumper.add_multi_representer(int, lambda dumper, value: dumper.represent_int(int(value)))
 # a string that YAML 1.2 reads as a number (a token prefix "138007e8" is 1.38e13 there, though PyYAML's YAML
 # 1.1 reads a string) is written quoted, so every YAML reader gets the string back
-_ApiDumper.add_implicit_resolver(
+ApiDumper.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
@@ -94,8 +94,8 @@ _ApiDumper.add_implicit_resolver(
 
 if yaml.__with_libyaml__:
 
-    class _FastApiDumper(yaml._yaml.CEmitter, _ApiDumper):
-        """``_ApiDumper``'s representers and resolvers in front of libyaml's emitter (what ``yaml.CSafeDumper``
+    class _FastApiDumper(yaml._yaml.CEmitter, ApiDumper):
+        """``ApiDumper``'s representers and resolvers in front of libyaml's emitter (what ``yaml.CSafeDumper``
         is to ``yaml.SafeDumper``): the same bytes, ~5x faster -- a search's page data as YAML took ~1.8 s
         with the pure-Python emitter, 0.36 s with this one, on this box."""
 
@@ -114,7 +114,7 @@ if yaml.__with_libyaml__:
 
     _RENDER_DUMPER: type = _FastApiDumper
 else:  # PyYAML built without libyaml
-    _RENDER_DUMPER = _ApiDumper
+    _RENDER_DUMPER = ApiDumper
 
 
 class SafeYAMLRenderer(YAMLRenderer):

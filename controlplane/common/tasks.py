@@ -1,4 +1,5 @@
-"""Tiny tasks that prove the worker path works end to end (``/healthz``, the dashboard's live probe)."""
+"""A tiny task that proves the worker path works end to end (``/healthz``); the live probe is the live
+app's (:mod:`controlplane.live.tasks`)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,3 @@ def ping(nonce: str) -> str:
     worker = socket.gethostname()
     redis_client().set(PING_KEY.format(nonce=nonce), worker, ex=30)
     return worker
-
-
-@shared_task
-def probe(stream: str, message: str = "live probe", count: int = 1) -> int:
-    """Publish ``count`` ``event``s on a live stream from inside a worker; returns the last seq.
-
-    The dashboard's "Send live probe" button uses it to show the whole path working: API → Celery
-    worker → Redis stream → relay → Channels group → websocket → page.
-    """
-    from controlplane.live.services import publish
-
-    seq = 0
-    for i in range(count):
-        values = {"message": message, "source": "celery", "worker": socket.gethostname(), "n": i + 1}
-        seq = publish(stream, "event", values)
-    return seq

@@ -244,12 +244,13 @@ class ScheduleInUse(APIException):
 def schedule_delete(*, schedule: GreenSchedule) -> None:
     """Remove a schedule from the knowledge base; the power it held is free for later requests. A schedule
     a job runs or ran under stays (the job waits for it; its energy report cites it): 409."""
-    from controlplane.jobs.models import TrainingJob
-
-    job = TrainingJob.objects.filter(green_schedule=schedule).first()
-    if job is not None:
+    # the job's side of the one-to-one (TrainingJob.green_schedule, related_name "job"): green sits below jobs
+    job = GreenSchedule.objects.filter(pk=schedule.pk, job__isnull=False).values(
+        "job__pk", "job__name", "job__state"
+    )
+    if job := job.first():
         raise ScheduleInUse(
-            f"Job #{job.pk} ({job.name!r}, {job.state}) runs under schedule #{schedule.pk}: it is kept as that "
-            "job's record (its energy report cites it)."
+            f"Job #{job['job__pk']} ({job['job__name']!r}, {job['job__state']}) runs under schedule "
+            f"#{schedule.pk}: it is kept as that job's record (its energy report cites it)."
         )
     schedule.delete()

@@ -1,83 +1,22 @@
-"""The Green page: the team's energy and carbon totals, carbon-aware scheduling (a form that posts to
-/api/green/schedules/, the result charted) and the knowledge base of green schedules; energy reports below.
-A report's own page (``/green/reports/<code>/``) verifies it: against the job's stored measurements on every
-visit, and against a downloaded PDF uploaded to it."""
+"""The Green page's parts (its view is the dashboard app's, ``controlplane.dashboard.views.green_page``: it
+shows the teams' job energy too, and green sits below jobs) and the energy reports' pages. A report's own
+page (``/green/reports/<code>/``) verifies it: against the job's stored measurements on every visit, and
+against a downloaded PDF uploaded to it."""
 
 from __future__ import annotations
 
-import os
-
 from django import forms
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
-from django.urls import reverse
 
-from controlplane.accounts.selectors import teams_of
-from controlplane.green import selectors
-from controlplane.green.apis import MAX_HOURS, ScheduleRowSerializer
 from controlplane.green.certificate_apis import MAX_PDF_BYTES, CertificateRowSerializer
 from controlplane.green.certificates import (
     certificate_of,
     certificate_verify,
     certificate_verify_upload,
-    certificates_of,
 )
-from controlplane.jobs.selectors import jobs_of
 from workers.green.certificate import value_at
-from workers.green.history import SOURCE as HISTORY_SOURCE
-from workers.green.history import ZONES as HISTORY_ZONES
-
-LISTED = 50  # the newest schedules on the page (the API lists them all)
-# zones offered besides the shipped histories: without a live provider their figure is CodeCarbon's annual
-# country average (one value, nothing to shift), which the result says
-OTHER_ZONES = (
-    ("FR", "France"),
-    ("NL", "Netherlands"),
-    ("PL", "Poland"),
-    ("SE", "Sweden"),
-    ("US", "United States"),
-    ("IN", "India"),
-    ("CN", "China"),
-    ("JP", "Japan"),
-)
-HISTORY_NAMES = {"GB": "Great Britain, 30 min", "DE": "Germany, 15 min"}
-
-
-@login_required
-def green_index(request):
-    default_zone = settings.GREEN_DEFAULT_ZONE
-    live = selectors.live_intensity_providers(os.environ)
-    shipped = "live provider, else 2020 history" if live["providers"] else "2020 history"
-    zones = [
-        {"code": z, "label": f"{z} · {HISTORY_NAMES.get(z, z)} ({shipped})"} for z in sorted(HISTORY_ZONES)
-    ]
-    zones += [{"code": z, "label": f"{z} · {name}"} for z, name in OTHER_ZONES]
-    if default_zone not in {z["code"] for z in zones}:
-        zones.insert(0, {"code": default_zone, "label": f"{default_zone} (this deployment's zone)"})
-    schedules = list(selectors.schedules_of(request.user)[:LISTED])
-    reports = CertificateRowSerializer(certificates_of(request.user)[:LISTED], many=True).data
-    return render(
-        request,
-        "green/index.html",
-        {
-            "energy": selectors.team_energy(jobs_of(request.user)),
-            "teams": list(teams_of(request.user)),
-            "zones": zones,
-            "default_zone": default_zone,
-            "history_source": HISTORY_SOURCE,
-            "live": live,
-            "max_hours": MAX_HOURS,
-            "schedules": schedules,
-            "reports": reports,
-            "listed": LISTED,
-            "page": {
-                "api": reverse("api:green-schedule-list"),
-                "schedules": ScheduleRowSerializer(schedules, many=True).data,
-            },
-        },
-    )
 
 
 class PdfCheckForm(forms.Form):

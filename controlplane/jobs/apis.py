@@ -43,6 +43,7 @@ from controlplane.jobs.models import (
     SnapshotKind,
     TrainingJob,
 )
+from controlplane.jobs.options import RunOptionsMixin
 from controlplane.jobs.selectors import fault_values, snapshot_rows
 from controlplane.live.selectors import stored_events
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
@@ -324,8 +325,9 @@ class CarbonAwareSerializer(StrictFieldsMixin, serializers.Serializer):
         return attrs
 
 
-class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
-    """A job from a plan (its strategy) or a strategy, plus the model and the training config."""
+class JobCreateSerializer(RunOptionsMixin, StrictFieldsMixin, serializers.Serializer):
+    """A job from a plan (its strategy) or a strategy, plus the model and the training config, and its run
+    options (``steps``, ``snapshot_every``, ...: one field each, made from the runtime's options table)."""
 
     team = TeamField()
     name = NameField()
@@ -336,14 +338,6 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     plan = PlanDocumentField(required=False, help_text="plan.json (its strategy is used)")
     strategy = StrategyDocumentField(required=False, help_text="strategy.json (when no plan is given)")
     training = TrainingDocumentField(required=False, help_text="training.json")
-    steps = serializers.IntegerField(min_value=1, max_value=1_000_000, default=20)
-    lr = serializers.FloatField(min_value=0, required=False)
-    seed = serializers.IntegerField(min_value=0, required=False)
-    comm_hook = serializers.CharField(required=False, allow_null=True, max_length=50)
-    profile_every = serializers.IntegerField(
-        min_value=0, required=False, help_text="measure compute vs communication every N steps (0: never)"
-    )
-    device = serializers.ChoiceField(choices=["auto", "cpu", "cuda", "npu"], default="auto")
     nnodes = serializers.IntegerField(
         min_value=1,
         max_value=4096,
@@ -364,44 +358,6 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         "is elastic: a node lost for good leaves it running on the others (it needs snapshot_every > 0 and "
         "max_restarts > 0), and a node worker that comes online joins it again",
     )
-    bucket_cap_mb = serializers.FloatField(
-        min_value=0.01,
-        max_value=4096,
-        required=False,
-        help_text="DDP gradient bucket size; default: chosen from the plan's inter-node link",
-    )
-    snapshot_every = serializers.IntegerField(
-        min_value=0,
-        max_value=services.MAX_CPU_STEPS,
-        required=False,
-        help_text="snapshot the training state every N steps (0: never); a job that snapshots recovers "
-        "from faults and resumes when relaunched",
-    )
-    snapshot_full_every = serializers.IntegerField(
-        min_value=1, max_value=1000, required=False, help_text="a full snapshot every M, deltas in between"
-    )
-    snapshot_delta = serializers.ChoiceField(
-        choices=["xor", "log"],
-        required=False,
-        help_text="between full snapshots: XOR deltas of the state (xor), or logs of the gradients the "
-        "optimizer consumed, replayed on restore (log: ~3x smaller, for snapshot_every 1-3)",
-    )
-    snapshot_keep = serializers.IntegerField(
-        min_value=1, max_value=1000, required=False, help_text="snapshots kept (retention)"
-    )
-    risk_policy = serializers.ChoiceField(
-        choices=["act", "observe"],
-        required=False,
-        help_text="what the fault-risk loop may do: act (default: at a risk of 0.85 snapshot now, for a job "
-        "that snapshots) or observe (report the risk and what it would have done, never act)",
-    )
-    snapshot_memory_every = serializers.IntegerField(
-        min_value=0,
-        max_value=services.MAX_CPU_STEPS,
-        required=False,
-        help_text="also keep each rank's newest state in its node's RAM every N steps (0: never): a restarted "
-        "rank reloads it without reading disk",
-    )
     max_restarts = serializers.IntegerField(
         min_value=0,
         max_value=MAX_RESTARTS_LIMIT,
@@ -414,20 +370,6 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         default=DEFAULT_HANG_TIMEOUT_S,
         help_text="a rank that commits no step for this long is hung",
     )
-    inject = serializers.CharField(
-        required=False,
-        max_length=2000,
-        help_text="faults to inject (tests, demos): kill-rank@step=17,hang-rank@step=40:rank=1,"
-        "corrupt-snapshot@step=30",
-    )
-
-    energy = serializers.JSONField(
-        required=False,
-        help_text="energy and carbon metering: {zone (grid zone, e.g. GB, DE, FR), pue, pue_source, tdp_watts, "
-        "device_name, market_factor_g_per_kwh, market_factor_source, price_per_kwh, currency, price_source, "
-        "every (steps between samples), enabled}; all optional, the zone defaults to the deployment's",
-    )
-
     green_schedule = serializers.IntegerField(
         min_value=1,
         required=False,
@@ -438,14 +380,6 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
         required=False,
         help_text="schedule the job now on the least carbon before its deadline, then wait for that window",
     )
-
-    def validate_energy(self, value):
-        from workers.green.job import check_energy_settings
-
-        problems = check_energy_settings(value)
-        if problems:
-            raise serializers.ValidationError(problems)
-        return value
 
     def validate(self, attrs):
         for key in ("model", "plan", "strategy", "training"):
@@ -691,7 +625,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     @action(detail=True, methods=["post"])
     def probe(self, request, pk=None):
         """Ask a Celery worker to publish one event on this job's live stream."""
-        from controlplane.common.tasks import probe
+        from controlplane.live.tasks import probe
 
         job = self.get_object()
         message = (

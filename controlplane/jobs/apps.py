@@ -4,3 +4,41 @@ from django.apps import AppConfig
 class JobsConfig(AppConfig):
     name = "controlplane.jobs"
     label = "jobs"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from controlplane.jobs import scheduling
+        from controlplane.jobs.comparisons import reap_stalled_comparisons
+        from controlplane.jobs.external import follow_external_jobs
+        from controlplane.jobs.selectors import plan_measured_expert_load, plan_measured_runs
+        from controlplane.jobs.services import job_progress_from_events, job_submit, reap_orphans
+        from controlplane.live import housekeeping
+        from controlplane.planning import ports
+
+        # run by the relay (controlplane/live/housekeeping.py): jobs whose supervising worker died fail,
+        # jobs Slurm / Kubernetes runs follow their scheduler's state, stalled comparisons end, the jobs of
+        # a carbon-aware schedule launch (and pause) when their slots open (and end); a running job's
+        # progress is kept from its train events as they are stored
+        housekeeping.every(5.0, reap_orphans)
+        housekeeping.every(settings.EXTERNAL_FOLLOW_EVERY_S, follow_external_jobs)
+        housekeeping.every(5.0, reap_stalled_comparisons)
+        housekeeping.every(5.0, scheduling.tick)
+        housekeeping.on_stored(job_progress_from_events)
+
+        def launch(*, plan, user, steps: int, name: str):
+            """A stored plan as a job on this machine's CPU ranks, profiled (the scaled-down launch)."""
+            return job_submit(
+                user=user,
+                team=plan.team,
+                name=name,
+                plan_id=plan.pk,
+                steps=steps,
+                device="cpu",
+                profile_every=5,
+            )
+
+        # the knowledge base learns from the runs of its plans, and launches them (planning sits below jobs)
+        ports.plug(
+            measured_runs=plan_measured_runs, measured_expert_load=plan_measured_expert_load, launch=launch
+        )

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from controlplane.common.api import TooMuchQueuedWork
 from controlplane.common.models import JobState
 from controlplane.jobs.models import CommComparison, TrainingJob
 from controlplane.jobs.tasks import compare_comm
@@ -46,7 +47,6 @@ def comparison_create(
     inter_node_gbit: float,
     created_by=None,
 ) -> CommComparison:
-    from controlplane.jobs.services import TooMuchQueuedWork
     from workers.training.comm import netem
 
     active = CommComparison.objects.filter(

@@ -199,7 +199,7 @@ def deployment_for(job: TrainingJob, attempt: int, launcher: str):
 
 def launch_attempt(*, job_id: int, attempt: int, launcher: str | None = None) -> str:
     """Submit a queued attempt to the scheduler (``launcher``, default ``settings.JOB_LAUNCHER``)."""
-    from controlplane.jobs.services import _job_event, job_fail
+    from controlplane.jobs.services import job_event, job_fail
     from workers.deploy.render import describe
     from workers.training.config import ConfigError
 
@@ -230,7 +230,7 @@ def launch_attempt(*, job_id: int, attempt: int, launcher: str | None = None) ->
         job.save()
         for rank in range(job.nnodes):
             JobNode.objects.create(job=job, attempt=attempt, node_rank=rank)
-        _job_event(
+        job_event(
             job,
             {
                 "state": "launching",
@@ -253,7 +253,7 @@ def launch_attempt(*, job_id: int, attempt: int, launcher: str | None = None) ->
             if launcher == "slurm"
             else f"PyTorchJob {settings.K8S_NAMESPACE}/{external_id}"
         )
-        _job_event(
+        job_event(
             job,
             {
                 "attempt": attempt,
@@ -297,7 +297,7 @@ def follow_external_jobs(*, now=None) -> list[int]:
 
 def follow(job: TrainingJob, backend, *, now) -> bool:
     """Move one job along what its scheduler says; True when it ended."""
-    from controlplane.jobs.services import _job_event, job_fail
+    from controlplane.jobs.services import job_event, job_fail
     from controlplane.live.services import publish
 
     title = TITLE[job.launcher]
@@ -330,7 +330,7 @@ def follow(job: TrainingJob, backend, *, now) -> bool:
     )
     if detail != job.external_state and not state.finished and state.state != vocab.GONE:
         with transaction.atomic():
-            _job_event(
+            job_event(
                 job,
                 {"attempt": job.attempts, "external_state": detail, "message": f"{title}: {detail}."},
             )

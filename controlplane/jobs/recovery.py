@@ -58,9 +58,9 @@ def _float_or_none(value) -> float | None:
 
 
 def _event(job: TrainingJob, values: dict) -> None:
-    from controlplane.jobs.services import _job_event
+    from controlplane.jobs.services import job_event
 
-    _job_event(job, values)
+    job_event(job, values)
 
 
 # --- what the recovery engine reports -----------------------------------------------------------------
@@ -497,7 +497,7 @@ def node_drain(*, job_id: int, attempt: int, node_name: str, reason: str) -> dic
     0 (it hosts the rendezvous store), or too few nodes left for ``min_nodes``. Returns ``{"status": "done"
     | "refused", "note"}``."""
     from controlplane.jobs.models import JobNode
-    from controlplane.jobs.services import _alive
+    from controlplane.jobs.services import node_alive
 
     now = timezone.now()
     with transaction.atomic():
@@ -521,7 +521,7 @@ def node_drain(*, job_id: int, attempt: int, node_name: str, reason: str) -> dic
                 "status": "refused",
                 "note": "node 0 hosts the rendezvous store: the others cannot go on without it",
             }
-        going_on = [n for n in nodes if n.pk != node.pk and _alive(n, now)]
+        going_on = [n for n in nodes if n.pk != node.pk and node_alive(n, now)]
         if len(going_on) < job.min_nodes:
             return {
                 "status": "refused",
@@ -552,7 +552,7 @@ def reap_lost_nodes(*, now=None, stale_after=None) -> list[int]:
     reaper's (``reap_orphans``). The nodes lost are then offered to node workers that are online
     (``grow_elastic_jobs``). Returns the ids of the jobs that lost a node."""
     from controlplane.jobs.models import JobNode
-    from controlplane.jobs.services import HEARTBEAT_TIMEOUT, _alive, job_fail, settle_attempt
+    from controlplane.jobs.services import HEARTBEAT_TIMEOUT, job_fail, node_alive, settle_attempt
 
     now = now or timezone.now()
     stale_after = stale_after or HEARTBEAT_TIMEOUT
@@ -571,7 +571,7 @@ def reap_lost_nodes(*, now=None, stale_after=None) -> list[int]:
                 and n.heartbeat_at is not None
                 and n.heartbeat_at < now - stale_after
             ]
-            going_on = [n for n in nodes if n not in silent and _alive(n, now, stale_after)]
+            going_on = [n for n in nodes if n not in silent and node_alive(n, now, stale_after)]
             if not silent or not going_on:
                 continue
             if any(n.node_rank == 0 for n in silent):

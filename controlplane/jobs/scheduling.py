@@ -28,13 +28,15 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
+from controlplane.common.api import TooMuchQueuedWork
 from controlplane.common.models import JobState
 from controlplane.jobs.models import TrainingJob
 
 log = logging.getLogger(__name__)
 
 
-def _utc(t: datetime) -> str:
+def utc_text(t: datetime) -> str:
+    """A time as the job's messages write it: ``2026-12-04 13:30:00 UTC``."""
     return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -88,7 +90,7 @@ def check_schedule(*, schedule, team, config: dict, zone_given: bool, now: datet
         raise ValidationError(
             {
                 "green_schedule": [
-                    f"schedule #{schedule.pk}'s window ended at {_utc(slots[-1][1]) if slots else '?'}: "
+                    f"schedule #{schedule.pk}'s window ended at {utc_text(slots[-1][1]) if slots else '?'}: "
                     "schedule the job again from now"
                 ]
             }
@@ -168,14 +170,14 @@ def carbon_aware_schedule(*, team, user, name: str, config: dict, plan: dict | N
 
 
 def _event(job: TrainingJob, values: dict) -> None:
-    from controlplane.jobs.services import _job_event
+    from controlplane.jobs.services import job_event
 
-    _job_event(job, values)
+    job_event(job, values)
 
 
 def launch_due(now: datetime | None = None) -> list[int]:
     """Launch every scheduled job whose slot has opened (or whose window has passed); the ids launched."""
-    from controlplane.jobs.services import TooMuchQueuedWork, job_launch
+    from controlplane.jobs.services import job_launch
 
     now = now or timezone.now()
     launched = []
@@ -189,11 +191,11 @@ def launch_due(now: datetime | None = None) -> list[int]:
         slot_end, overdue = due
         if overdue:
             why = (
-                f"Its carbon-aware window ended at {_utc(slots[-1][1])} before it could run (the control plane "
+                f"Its carbon-aware window ended at {utc_text(slots[-1][1])} before it could run (the control plane "
                 "did not launch it in time): it starts now and runs to the end."
             )
         else:
-            why = f"Its carbon-aware slot opened: it runs until {_utc(slot_end)}" + (
+            why = f"Its carbon-aware slot opened: it runs until {utc_text(slot_end)}" + (
                 ", then pauses for the next slot." if next_slot(slots, slot_end) else "."
             )
         try:
@@ -233,13 +235,13 @@ def pause_at_slot_end(now: datetime | None = None) -> list[int]:
                     job,
                     {
                         "state": job.state,
-                        "message": f"Its schedule's last slot ended at {_utc(ended)}; it runs on to the end.",
+                        "message": f"Its schedule's last slot ended at {utc_text(ended)}; it runs on to the end.",
                     },
                 )
                 continue
             message = (
-                f"Its carbon-aware slot ended at {_utc(ended)}: paused until the next slot opens at "
-                f"{_utc(upcoming[0])}; it continues from its newest snapshot."
+                f"Its carbon-aware slot ended at {utc_text(ended)}: paused until the next slot opens at "
+                f"{utc_text(upcoming[0])}; it continues from its newest snapshot."
             )
             if job.state == JobState.QUEUED:  # no worker picked it up yet: nothing to stop
                 job.state = JobState.SCHEDULED

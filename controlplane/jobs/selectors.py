@@ -15,6 +15,8 @@ from controlplane.common.models import JobState
 from controlplane.jobs.models import WITHOUT_THE_NODE, FailureIncident, JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
+from workers import planner
+from workers.planner.warmstart import MeasuredRun
 from workers.training import examples
 
 EXAMPLES_DIR = examples.DIR
@@ -632,7 +634,93 @@ def pattern_incidents(user, pattern: dict, limit: int = 50) -> list[FailureIncid
     return list(incidents_of(user).filter(kind__in=spellings)[:limit])
 
 
-# --- operators' metrics (controlplane/common/metrics.py): every team's jobs, read when /metrics is scraped --
+# --- what the knowledge base learns from (controlplane/planning/ports.py): runs of its plans ------------
+
+# the latest this many matching runs make the measured expert load (older ones trained older routers)
+EXPERT_LOAD_RUNS = 20
+
+
+def plan_measured_expert_load(*, teams, model_doc: dict | None) -> planner.MeasuredExpertLoad | None:
+    """The per-expert load the latest succeeded jobs of ``teams`` (a team or several) measured for this MoE
+    model: jobs whose model.json has the same ``name`` and ``moe.num_experts`` and whose run summary holds
+    an ``expert_load`` of that many shares; their mean, for the planner's measured routing. None for a
+    dense or unnamed model, or when no such job ran (the planner then assumes uniform routing)."""
+    from workers.planner.moe import mean_measured_load
+
+    moe = (model_doc or {}).get("moe") or {}
+    name, experts = (model_doc or {}).get("name"), moe.get("num_experts")
+    if not name or not experts:
+        return None
+    teams = [teams] if hasattr(teams, "pk") else teams
+    jobs = (
+        TrainingJob.objects.filter(
+            team__in=teams, state=JobState.SUCCEEDED, config__model__name=name, measured__isnull=False
+        )
+        .order_by("-finished_at", "-pk")
+        .only("pk", "config", "measured")
+    )
+    runs = []
+    for job in jobs.iterator():
+        load = (job.measured or {}).get("expert_load")
+        job_moe = ((job.config or {}).get("model") or {}).get("moe") or {}
+        if job_moe.get("num_experts") == experts and isinstance(load, list) and len(load) == experts:
+            runs.append((job.pk, load))
+            if len(runs) == EXPERT_LOAD_RUNS:
+                break
+    mean = mean_measured_load([load for _pk, load in runs], experts)
+    if mean is None:
+        return None
+    ids = ", ".join(f"#{pk}" for pk, _load in runs)
+    return planner.MeasuredExpertLoad(
+        load=mean,
+        runs=len(runs),
+        source=f"expert_load of succeeded job{'s' if len(runs) > 1 else ''} {ids} ({name!r}, {experts} experts)",
+    )
+
+
+# the latest succeeded runs of stored plans a search's correction factors are computed from
+MEASURED_RUNS_LIMIT = 200
+
+
+def plan_measured_runs(*, team, profile: str) -> list[MeasuredRun]:
+    """What the team's succeeded jobs of stored plans on ``profile`` (a device name) measured beside what
+    their plan predicted: the step time of the run summary (or, without one, the predicted step time
+    scaled by predicted / measured tokens/s). A job that ran on another world size than its plan (an
+    elastic job that shrank, a scaled-down launch) measured another layout and is left out."""
+
+    jobs = (
+        TrainingJob.objects.filter(
+            team=team,
+            state=JobState.SUCCEEDED,
+            source_plan__isnull=False,
+            source_plan__device_name=profile,
+            measured__isnull=False,
+        )
+        .select_related("source_plan")
+        .order_by("-finished_at", "-pk")[:MEASURED_RUNS_LIMIT]
+    )
+    runs = []
+    for job in jobs:
+        plan, measured = job.source_plan, job.measured or {}
+        if measured.get("world_size") not in (None, plan.device_count):
+            continue
+        predicted = plan.predicted or {}
+        step, tokens = predicted.get("step_time_s"), predicted.get("tokens_per_s")
+        measured_step = measured.get("step_time_s")
+        if not measured_step and step and tokens and measured.get("tokens_per_s"):
+            measured_step = step * tokens / measured["tokens_per_s"]
+        runs.append(
+            MeasuredRun(
+                strategy=plan.strategy,
+                profile=plan.device_name,
+                predicted_step_time_s=step,
+                measured_step_time_s=measured_step,
+            )
+        )
+    return [r for r in runs if r.usable]
+
+
+# --- operators' metrics (controlplane/metrics.py): every team's jobs, read when /metrics is scraped --
 
 
 def job_counts_by_state() -> list[tuple[str, str, int]]:

@@ -6,29 +6,9 @@ from __future__ import annotations
 
 from rest_framework.exceptions import ValidationError
 
+from controlplane.common.documents import checked
 from workers import planner
 from workers.planner.search import checked_ranking as search_ranking
-
-
-def checked(kind: str, document, prefix: str | None = None):
-    """Parse a contract document with the planner; a SpecError becomes a field-level 400.
-
-    ``kind`` is one of model, cluster, training, strategy. Field paths keep the planner's dotted names
-    (``moe.top_k``), prefixed when the document sits inside a request (``model.moe.top_k``).
-    """
-    cls = {
-        "model": planner.ModelSpec,
-        "cluster": planner.ClusterSpec,
-        "training": planner.TrainingConfig,
-        "strategy": planner.Strategy,
-    }[kind]
-    if not isinstance(document, dict):
-        raise ValidationError({prefix or kind: [f"must be a {kind}.json object"]})
-    try:
-        return cls.from_dict(document)
-    except planner.SpecError as exc:
-        errors = exc.prefixed(prefix).errors if prefix else exc.errors
-        raise ValidationError(errors) from exc
 
 
 def checked_ranking(objective, constraints, cluster=None) -> tuple[str, dict[str, float]]:

@@ -50,11 +50,11 @@ def seed_knowledge_base(*, team) -> dict[str, int]:
         _upsert(StoredModelSpec, team, doc["name"], spec=doc, params_billion=params_billion(doc))
         counts["models"] += 1
     for run in reference_runs():
-        counts["measured_plans"] += _seed_reference_run(team, run)
+        counts["measured_plans"] += seed_reference_run(team, run)
     return counts
 
 
-def _seed_reference_run(team, run: dict) -> int:
+def seed_reference_run(team, run: dict) -> int:
     """A published run as a measured plan: the planner completes the unpublished fields (vpp, micro-batch)
     and predicts; the measured figures sit beside the prediction."""
     if StoredPlan.objects.filter(

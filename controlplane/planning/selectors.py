@@ -7,12 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from django.conf import settings
 from django.db.models import Q, QuerySet
 from rest_framework.exceptions import ValidationError
 
 from controlplane.accounts.selectors import scoped, teams_of
 from controlplane.clusters.models import Cluster
 from controlplane.common.models import JobState
+from controlplane.planning import ports
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import evaluated
 from workers import planner
@@ -133,92 +135,17 @@ def plan_visuals_or_none(documents: Mapping, plan: dict) -> dict | None:
     return plan_visuals(documents["model"], documents["cluster"], documents["training"], plan)
 
 
-# the latest this many matching runs make the measured expert load (older ones trained older routers)
-EXPERT_LOAD_RUNS = 20
-
-
 def measured_expert_load(*, teams, model_doc: dict | None) -> planner.MeasuredExpertLoad | None:
-    """The per-expert load the latest succeeded jobs of ``teams`` (a team or several) measured for this MoE
-    model: jobs whose model.json has the same ``name`` and ``moe.num_experts`` and whose run summary holds
-    an ``expert_load`` of that many shares; their mean, for the planner's measured routing. None for a
-    dense or unnamed model, or when no such job ran (the planner then assumes uniform routing)."""
-    from controlplane.common.models import JobState
-    from controlplane.jobs.models import TrainingJob
-    from workers.planner.moe import mean_measured_load
-
-    moe = (model_doc or {}).get("moe") or {}
-    name, experts = (model_doc or {}).get("name"), moe.get("num_experts")
-    if not name or not experts:
-        return None
-    teams = [teams] if hasattr(teams, "pk") else teams
-    jobs = (
-        TrainingJob.objects.filter(
-            team__in=teams, state=JobState.SUCCEEDED, config__model__name=name, measured__isnull=False
-        )
-        .order_by("-finished_at", "-pk")
-        .only("pk", "config", "measured")
-    )
-    runs = []
-    for job in jobs.iterator():
-        load = (job.measured or {}).get("expert_load")
-        job_moe = ((job.config or {}).get("model") or {}).get("moe") or {}
-        if job_moe.get("num_experts") == experts and isinstance(load, list) and len(load) == experts:
-            runs.append((job.pk, load))
-            if len(runs) == EXPERT_LOAD_RUNS:
-                break
-    mean = mean_measured_load([load for _pk, load in runs], experts)
-    if mean is None:
-        return None
-    ids = ", ".join(f"#{pk}" for pk, _load in runs)
-    return planner.MeasuredExpertLoad(
-        load=mean,
-        runs=len(runs),
-        source=f"expert_load of succeeded job{'s' if len(runs) > 1 else ''} {ids} ({name!r}, {experts} experts)",
-    )
-
-
-# the latest succeeded runs of stored plans a search's correction factors are computed from
-MEASURED_RUNS_LIMIT = 200
+    """The per-expert load the teams' past runs of this MoE model measured, for the planner's measured
+    routing; None when none did (the planner then assumes uniform routing). The runs are the jobs app's
+    (:mod:`controlplane.planning.ports`)."""
+    return ports.measured_expert_load(teams=teams, model_doc=model_doc)
 
 
 def measured_runs(*, team, profile: str) -> list[MeasuredRun]:
-    """What the team's succeeded jobs of stored plans on ``profile`` (a device name) measured beside what
-    their plan predicted: the step time of the run summary (or, without one, the predicted step time
-    scaled by predicted / measured tokens/s). A job that ran on another world size than its plan (an
-    elastic job that shrank, a scaled-down launch) measured another layout and is left out."""
-    from controlplane.common.models import JobState
-    from controlplane.jobs.models import TrainingJob
-
-    jobs = (
-        TrainingJob.objects.filter(
-            team=team,
-            state=JobState.SUCCEEDED,
-            source_plan__isnull=False,
-            source_plan__device_name=profile,
-            measured__isnull=False,
-        )
-        .select_related("source_plan")
-        .order_by("-finished_at", "-pk")[:MEASURED_RUNS_LIMIT]
-    )
-    runs = []
-    for job in jobs:
-        plan, measured = job.source_plan, job.measured or {}
-        if measured.get("world_size") not in (None, plan.device_count):
-            continue
-        predicted = plan.predicted or {}
-        step, tokens = predicted.get("step_time_s"), predicted.get("tokens_per_s")
-        measured_step = measured.get("step_time_s")
-        if not measured_step and step and tokens and measured.get("tokens_per_s"):
-            measured_step = step * tokens / measured["tokens_per_s"]
-        runs.append(
-            MeasuredRun(
-                strategy=plan.strategy,
-                profile=plan.device_name,
-                predicted_step_time_s=step,
-                measured_step_time_s=measured_step,
-            )
-        )
-    return [r for r in runs if r.usable]
+    """What the team's runs of stored plans on ``profile`` measured beside what their plan predicted (the
+    search's correction factors); the runs are the jobs app's (:mod:`controlplane.planning.ports`)."""
+    return ports.measured_runs(team=team, profile=profile)
 
 
 def strategy_evaluation(
@@ -301,19 +228,27 @@ def search_page_data(search: StrategySearch) -> dict:
 
 def runs_here(plan: StoredPlan) -> tuple[bool, str]:
     """Whether the job API would run this plan on this machine's CPU ranks, and why not: its device count
-    against ``CANN_TRAIN_MAX_CPU_RANKS``, its model against this machine's memory (the job API's own check)."""
-    from controlplane.jobs.services import MAX_CPU_RANKS_PER_NODE, check_fits_this_machine
+    against ``CANN_TRAIN_MAX_CPU_RANKS``, its ranks against this machine's memory (the planner's memory-fit rule, the job API's too)."""
+    from workers.planner.fits import memory_problem
 
-    if plan.device_count > MAX_CPU_RANKS_PER_NODE:
+    most = settings.MAX_CPU_RANKS_PER_NODE
+    if plan.device_count > most:
         return False, (
-            f"it needs {plan.device_count:,} devices; this machine runs at most {MAX_CPU_RANKS_PER_NODE} CPU "
+            f"it needs {plan.device_count:,} devices; this machine runs at most {most} CPU "
             "ranks per job (CANN_TRAIN_MAX_CPU_RANKS)"
         )
     try:
-        check_fits_this_machine({"model": plan.model_doc, "device": "cpu"}, max(1, plan.device_count))
-    except ValidationError as exc:
-        detail = exc.detail.get("model", exc.detail) if isinstance(exc.detail, dict) else exc.detail
-        return False, str(detail[0] if isinstance(detail, list) else detail)
+        specs = (
+            planner.ModelSpec.from_dict(plan.model_doc),
+            planner.TrainingConfig.from_dict(plan.training),
+            planner.Strategy.from_dict(plan.strategy),
+        )
+    except planner.SpecError as exc:
+        return False, f"its documents do not parse: {exc}"
+    if problem := memory_problem(
+        *specs, max(1, plan.device_count), device_kind="cpu", device_memory_GiB=None
+    ):
+        return False, problem
     return True, ""
 
 

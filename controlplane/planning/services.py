@@ -10,15 +10,19 @@ import time
 import traceback
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from controlplane.clusters.models import Cluster
+from controlplane.common.api import TooMuchQueuedWork
+from controlplane.common.documents import checked
 from controlplane.common.models import JobState
 from controlplane.live.services import publish, publish_after_commit
+from controlplane.planning import ports
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
-from controlplane.planning.planner_adapters import checked, checked_ranking, evaluated, plan_row_fields
+from controlplane.planning.planner_adapters import checked_ranking, evaluated, plan_row_fields
 from controlplane.planning.selectors import measured_expert_load, measured_runs, plan_document, similar_plans
 from controlplane.planning.tasks import run_search
 from workers import planner
@@ -51,7 +55,6 @@ def search_create(
     """Validate the request with the planner, look up similar plans, and queue the search. ``objective``
     and ``constraints`` (``workers.planner.search.OBJECTIVES`` / ``CONSTRAINTS``) are stored with the
     request and passed to the planner."""
-    from controlplane.jobs.services import TooMuchQueuedWork
 
     active = StrategySearch.objects.filter(team=team, state__in=(JobState.QUEUED, JobState.RUNNING)).count()
     if active >= MAX_ACTIVE_SEARCHES_PER_TEAM:
@@ -434,10 +437,9 @@ def plan_save_from_search(*, search: StrategySearch, strategy: dict) -> tuple[St
 
 def _this_machine():
     """This machine as a planner cluster, and how many ranks a job may use on it."""
-    from controlplane.jobs.services import MAX_CPU_RANKS_PER_NODE
     from workers.planner.examples import this_machine_cluster
 
-    return planner.ClusterSpec.from_dict(this_machine_cluster()[0]), MAX_CPU_RANKS_PER_NODE
+    return planner.ClusterSpec.from_dict(this_machine_cluster()[0]), settings.MAX_CPU_RANKS_PER_NODE
 
 
 def plan_scaled_down(*, plan: StoredPlan):
@@ -459,8 +461,6 @@ def plan_scale_down_launch(*, plan: StoredPlan, user, steps: int, name: str | No
     a job on this machine's CPU ranks; the job's measured figures land beside the scaled plan's prediction,
     never beside the original's. Returns ``(scaled plan row, job, ScaledDown)``; a job the job API refuses
     (ranks, memory) is a 400 and stores nothing."""
-    from controlplane.jobs.services import job_submit
-
     scaled = plan_scaled_down(plan=plan)
     label = f"scaled-down from plan #{plan.pk}"
     with transaction.atomic():
@@ -473,13 +473,5 @@ def plan_scale_down_launch(*, plan: StoredPlan, user, steps: int, name: str | No
             training=scaled.training.to_dict(),
             **plan_row_fields(scaled.plan, scaled.model, scaled.cluster),
         )
-        job = job_submit(
-            user=user,
-            team=plan.team,
-            name=name or label,
-            plan_id=row.pk,
-            steps=steps,
-            device="cpu",
-            profile_every=5,
-        )
+        job = ports.launch(plan=row, user=user, steps=steps, name=name or label)
     return row, job, scaled

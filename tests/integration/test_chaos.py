@@ -163,7 +163,7 @@ def fragile_stack(django_db_blocker):
         stop_stack(stack)
 
 
-def _kill_and_restart_worker(stack) -> None:
+def kill_and_restart_worker(stack) -> None:
     import subprocess
     import sys
 
@@ -190,7 +190,7 @@ def _kill_and_restart_worker(stack) -> None:
     assert sys.executable in stack.procs["worker"].args[0]
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def processes_mentioning(text: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -216,15 +216,15 @@ def test_a_worker_killed_mid_job_leaves_a_failed_relaunchable_job_and_no_ranks(
     job_id, stream = body["id"], body["stream"]
     wait_for(lambda: len(_train_steps(stream)) >= 5, 180, "the job to train")
     config_path = f"jobs/{job_id}/attempt-1/config-node0.json"
-    assert _processes_mentioning(config_path), "the ranks should be running"
+    assert processes_mentioning(config_path), "the ranks should be running"
 
-    _kill_and_restart_worker(fragile_stack)
+    kill_and_restart_worker(fragile_stack)
 
     job = wait_for(
         lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 60, "the job to settle"
     )
     assert job.state == "failed" and "stopped answering" in job.human_readable_error
-    assert wait_for(lambda: not _processes_mentioning(config_path), 30, "the orphaned ranks to be gone")
+    assert wait_for(lambda: not processes_mentioning(config_path), 30, "the orphaned ranks to be gone")
 
     # relaunch: one new attempt, one node task for it, and it runs to the end on the new worker
     status, body = http("POST", f"{fragile_stack.base_url}/api/jobs/{job_id}/relaunch/", token, {})
@@ -256,7 +256,7 @@ def test_a_worker_killed_mid_search_runs_the_search_again_once(fragile_stack, ma
             0.02,
         )
         if StrategySearch.objects.get(pk=search_id).state == "running":
-            _kill_and_restart_worker(fragile_stack)
+            kill_and_restart_worker(fragile_stack)
             if StrategySearch.objects.get(pk=search_id).state == "running":
                 break
     else:

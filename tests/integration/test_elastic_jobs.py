@@ -239,7 +239,7 @@ def test_an_elastic_nodes_command_leaves_the_rendezvous_store_to_node_0():
 # --- live: node workers killed and started -----------------------------------------------------------
 
 
-def _start_node_worker(live_stack, name: str) -> subprocess.Popen:
+def start_node_worker(live_stack, name: str) -> subprocess.Popen:
     from controlplane.stack import worker_command
 
     cmd = worker_command(queues=f"node.{name}", concurrency=2, name=f"{name}-{os.getpid()}@%h", pool="threads",
@@ -249,7 +249,7 @@ def _start_node_worker(live_stack, name: str) -> subprocess.Popen:
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
-def _starts(stream: str) -> list[tuple[int, int]]:
+def group_starts(stream: str) -> list[tuple[int, int]]:
     """(seq, world size) of each start of the ranks (a launch, a restart, a re-formed group)."""
     from controlplane.live.models import StreamEvent
 
@@ -257,11 +257,11 @@ def _starts(stream: str) -> list[tuple[int, int]]:
     return [(seq, v["world_size"]) for seq, v in rows.values_list("seq", "values")]
 
 
-def _training_on(stream: str, world: int, steps: int, after_seq: int = 0) -> bool:
+def training_on(stream: str, world: int, steps: int, after_seq: int = 0) -> bool:
     """The newest start of the ranks is on ``world`` ranks, after ``after_seq``, and trained ``steps`` since."""
     from controlplane.live.models import StreamEvent
 
-    starts = [(seq, w) for seq, w in _starts(stream) if seq > after_seq]
+    starts = [(seq, w) for seq, w in group_starts(stream) if seq > after_seq]
     if not starts or starts[-1][1] != world:
         return False
     return StreamEvent.objects.filter(stream=stream, kind="train", seq__gt=starts[-1][0]).count() >= steps
@@ -293,13 +293,13 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
     from controlplane.stack import stop
 
     steps = 60  # the kill comes after step 6: the rest is trained on the node left, however fast
-    workers = {name: _start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
+    workers = {name: start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
     try:
         wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
         r = alice_api.post("/api/jobs/", _elastic_body(steps), format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
-        wait_for(lambda: _training_on(stream, 2, 6), 120, "both nodes to train together")
+        wait_for(lambda: training_on(stream, 2, 6), 120, "both nodes to train together")
         killed_after = StreamEvent.objects.filter(stream=stream).order_by("-seq")[0].seq
         os.killpg(workers["node-b"].pid, signal.SIGKILL)  # node-b is gone
         workers["node-b"].wait()
@@ -326,7 +326,7 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
     assert not job.faults.filter(recovered_at__isnull=True).exists()
     nodes = list(job.nodes.filter(attempt=1).values_list("node_rank", "node_name", "state"))
     assert nodes == [(0, "node-a", "succeeded"), (1, "node-b", "failed")], nodes
-    assert [world for seq, world in _starts(stream) if seq > killed_after] == [1]
+    assert [world for seq, world in group_starts(stream) if seq > killed_after] == [1]
     assert job.measured["world_size"] == 1  # the run summary of the node that went on
     assert (
         max(StreamEvent.objects.filter(stream=stream, kind="train").values_list("step", flat=True)) == steps
@@ -348,20 +348,20 @@ def test_an_elastic_job_started_on_one_node_grows_when_another_node_worker_comes
     from controlplane.jobs.selectors import online_node_queues
     from controlplane.stack import stop
 
-    workers = {"node-a": _start_node_worker(live_stack, "node-a")}
+    workers = {"node-a": start_node_worker(live_stack, "node-a")}
     try:
         wait_for(lambda: online_node_queues() == ["node.node-a"], 60, "node-a's worker")
         r = alice_api.post("/api/jobs/", _elastic_body(100_000), format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
-        wait_for(lambda: _training_on(stream, 1, 4), 120, "node-a to train alone")
+        wait_for(lambda: training_on(stream, 1, 4), 120, "node-a to train alone")
         from controlplane.live.models import StreamEvent
 
         launching = StreamEvent.objects.get(stream=stream, kind="event", values__state="launching")
         assert "Starting on 1 of its 2 nodes" in launching.values["message"]
-        alone = _starts(stream)[-1][0]
-        workers["node-b"] = _start_node_worker(live_stack, "node-b")  # capacity comes online
-        wait_for(lambda: _training_on(stream, 2, 4, after_seq=alone), 120, "the group to grow to 2 ranks")
+        alone = group_starts(stream)[-1][0]
+        workers["node-b"] = start_node_worker(live_stack, "node-b")  # capacity comes online
+        wait_for(lambda: training_on(stream, 2, 4, after_seq=alone), 120, "the group to grow to 2 ranks")
         job = TrainingJob.objects.get(pk=job_id)
         nodes = list(job.nodes.filter(attempt=1).values_list("node_rank", "node_name", "state"))
         assert nodes == [(0, "node-a", "running"), (1, "node-b", "running")], nodes

@@ -150,10 +150,10 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
     from controlplane.jobs.selectors import online_node_queues
     from controlplane.stack import stop
     from tests.conftest import wait_for
-    from tests.integration.test_elastic_jobs import _start_node_worker, _starts, _training_on
+    from tests.integration.test_elastic_jobs import group_starts, start_node_worker, training_on
     from tests.integration.test_job_restore_api import job_body
 
-    workers = {name: _start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
+    workers = {name: start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
     bursts = None
     try:
         wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
@@ -162,13 +162,13 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
         r = alice_api.post("/api/jobs/", body, format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
-        wait_for(lambda: _training_on(stream, 4, 10), 120, "both nodes to train together")
+        wait_for(lambda: training_on(stream, 4, 10), 120, "both nodes to train together")
         progress = (
             Path(live_stack.env["CANN_TRAIN_VAR_DIR"]) / "jobs" / str(job_id) / "attempt-1" / "progress"
         )
         on_b = sorted(r for r, d in read_progress(progress).items() if d.get("node") == "node-b")
         assert len(on_b) == 2, read_progress(progress)
-        together = _starts(stream)[-1][0]
+        together = group_starts(stream)[-1][0]
         bursts = StopBursts(read_progress(progress)[on_b[-1]]["pid"], stop_s=0.5, every_s=1.0, jitter_s=0.2,
                             seed=2).start()  # fmt: skip
 
@@ -178,7 +178,7 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
 
         actions = wait_for(drained, 60, "the risk watch to drain node-b")
         bursts.stop()
-        wait_for(lambda: _training_on(stream, 2, 10, after_seq=together), 120, "node-a to go on alone")
+        wait_for(lambda: training_on(stream, 2, 10, after_seq=together), 120, "node-a to go on alone")
         # the survivors' restart is a recovery of theirs (a rank fault, recovered when they train again)
         job = wait_for(
             lambda: (j := TrainingJob.objects.get(pk=job_id)).state == "running" and j,

@@ -71,11 +71,11 @@ def test_a_body_over_the_upload_limit_is_a_413_in_json(alice, settings):
 
 def test_a_team_cannot_queue_unbounded_work(alice, monkeypatch):
     from controlplane.accounts.models import Team
-    from controlplane.jobs import services
     from controlplane.jobs.models import TrainingJob
+    from controlplane.jobs.services import lifecycle
     from workers.training.examples import example
 
-    monkeypatch.setattr(services, "MAX_ACTIVE_JOBS_PER_TEAM", 2)
+    monkeypatch.setattr(lifecycle, "MAX_ACTIVE_JOBS_PER_TEAM", 2)
     team = Team.objects.get(name="Team A")
     for i in range(2):
         TrainingJob.objects.create(team=team, name=f"waiting {i}", config={}, attempts=1, state="queued")

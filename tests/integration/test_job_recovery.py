@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack, wait_for
-from tests.integration.test_chaos import _kill_and_restart_worker, _processes_mentioning
+from tests.integration.test_chaos import kill_and_restart_worker, processes_mentioning
 from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -73,9 +73,9 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
     wait_for(
         lambda: len(_train(stream)) >= 2 * SNAPSHOT_EVERY + 3, 180, "the job to train past two snapshots"
     )
-    assert _processes_mentioning(f"jobs/{job_id}/attempt-1/config-node0.json"), "the ranks should be running"
+    assert processes_mentioning(f"jobs/{job_id}/attempt-1/config-node0.json"), "the ranks should be running"
 
-    _kill_and_restart_worker(recovering_stack)
+    kill_and_restart_worker(recovering_stack)
 
     job = wait_for(
         lambda: (j := TrainingJob.objects.get(pk=job_id)).attempts == 2 and j, 60, "the automatic resume"
@@ -86,7 +86,7 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
     )
     assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
     assert wait_for(
-        lambda: not _processes_mentioning(f"jobs/{job_id}/attempt-1/"), 30, "the old ranks to be gone"
+        lambda: not processes_mentioning(f"jobs/{job_id}/attempt-1/"), 30, "the old ranks to be gone"
     )
 
     faults = list(job.faults.order_by("pk"))

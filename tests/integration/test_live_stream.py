@@ -44,7 +44,7 @@ def job_of_alice(make_member, token_for):
 
 
 async def test_worker_event_reaches_websocket_in_order_and_resumes(live_stack, job_of_alice):
-    from controlplane.common.tasks import probe
+    from controlplane.live.tasks import probe
 
     job, token = job_of_alice
     async with connect(live_stack, token) as ws:
@@ -81,8 +81,8 @@ async def test_history_survives_redis_losing_the_stream(live_stack, job_of_alice
     still gets everything, from the database."""
     import redis
 
-    from controlplane.common.tasks import probe
     from controlplane.live.models import StreamEvent
+    from controlplane.live.tasks import probe
     from workers.events import stream_key
 
     job, token = job_of_alice

@@ -52,11 +52,11 @@ def test_a_one_rank_plan_on_the_two_device_cluster_is_stored_saying_it_uses_one(
 
 def test_seeded_plans_say_their_scaling_efficiency_was_not_computed(alice_api, alice):
     from controlplane.planning.models import StoredPlan
-    from controlplane.planning.seed import _seed_reference_run
+    from controlplane.planning.seed import seed_reference_run
     from workers.planner.examples import reference_runs
 
     team = alice.teams.get()
-    stored = next(run for run in reference_runs() if _seed_reference_run(team, run))
+    stored = next(run for run in reference_runs() if seed_reference_run(team, run))
     plan = StoredPlan.objects.get(team=team, name=stored["id"])
     assert plan.predicted["scaling_efficiency"] is None
     assert plan.predicted["scaling_efficiency_note"].startswith("not computed")

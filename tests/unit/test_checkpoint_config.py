@@ -48,9 +48,9 @@ def test_snapshot_settings_round_trip_through_the_job_file(tmp_path):
     [
         ({"snapshot_every": 5}, "snapshot_dir", "is required with snapshot_every, resume or resume_from"),
         ({"resume": True}, "snapshot_dir", "is required"),
-        ({"snapshot_every": -1, "snapshot_dir": "x"}, "config.snapshot_every", ">= 0"),
-        ({"snapshot_full_every": 0}, "config.snapshot_full_every", ">= 1"),
-        ({"snapshot_keep": 0}, "config.snapshot_keep", ">= 1"),
+        ({"snapshot_every": -1, "snapshot_dir": "x"}, "snapshot_every", ">= 0"),
+        ({"snapshot_full_every": 0}, "snapshot_full_every", ">= 1"),
+        ({"snapshot_keep": 0}, "snapshot_keep", ">= 1"),
         ({"resume": "yes", "snapshot_dir": "x"}, "resume", "true or false"),
         ({"snapshot_dir": 3}, "snapshot_dir", "must be a path"),
         ({"snapshot_delta": "zstd"}, "snapshot_delta", "must be one of xor, log, got 'zstd'"),

@@ -109,6 +109,7 @@ def test_every_celery_task_lives_in_an_apps_tasks_module():
     assert defined == {
         "controlplane/common/tasks.py",
         "controlplane/jobs/tasks.py",
+        "controlplane/live/tasks.py",
         "controlplane/planning/tasks.py",
     }
 

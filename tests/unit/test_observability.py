@@ -121,8 +121,8 @@ def exported_series() -> set[str]:
     import django_prometheus.middleware  # noqa: F401 - registers its metrics, as settings' middleware does
     from prometheus_client import REGISTRY
 
-    from controlplane.common.metrics import PRODUCT_METRICS, ProductCollector
     from controlplane.common.worker_metrics import WORKER_METRICS
+    from controlplane.metrics import PRODUCT_METRICS, ProductCollector
 
     names = set()
     families = [f for c in (REGISTRY, ProductCollector()) for f in c.collect()]
@@ -154,7 +154,7 @@ def test_every_dashboard_query_names_a_metric_the_code_exports():
             assert names, f"{panel['title']}: no metric in {target['expr']}"
             assert names <= exported, f"{panel['title']}: {sorted(names - exported)} not exported"
             used |= names
-    from controlplane.common.metrics import PRODUCT_METRICS
+    from controlplane.metrics import PRODUCT_METRICS
 
     # every product family has a panel (a counter's series is its name + _total, a histogram's _bucket)
     shown = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in used}

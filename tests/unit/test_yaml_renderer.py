@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 from rest_framework.exceptions import ErrorDetail
 
-from controlplane.common.formats import SafeYAMLRenderer, _ApiDumper
+from controlplane.common.formats import ApiDumper, SafeYAMLRenderer
 
 
 def test_the_fast_renderer_writes_what_the_pure_python_dumper_writes():
@@ -16,7 +16,7 @@ def test_the_fast_renderer_writes_what_the_pure_python_dumper_writes():
         "nested": {"b": {"c": "ü"}, "a": []},
     }
     fast = SafeYAMLRenderer().render(doc)
-    slow = yaml.dump(doc, Dumper=_ApiDumper, encoding="utf-8", allow_unicode=True, default_flow_style=False)
+    slow = yaml.dump(doc, Dumper=ApiDumper, encoding="utf-8", allow_unicode=True, default_flow_style=False)
     assert fast == slow
     assert b"'138007e8'" in fast
     assert yaml.safe_load(fast) == {**doc, "detail": "not found"}

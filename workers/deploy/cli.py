@@ -13,6 +13,7 @@ from pathlib import Path
 
 def register(subparsers) -> None:
     from workers.deploy.render import DEFAULT_IMAGE, TARGETS
+    from workers.training.options import add_option_flags
 
     p = subparsers.add_parser(
         "render",
@@ -38,8 +39,14 @@ def register(subparsers) -> None:
         help="default: from the cluster's device name (NVIDIA, Ascend)",
     )
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts of the worker group")
-    p.add_argument("--snapshot-dir", help="snapshot directory on storage every node shares (implies resume)")
-    p.add_argument("--snapshot-every", type=int, help="snapshot every K steps (needs --snapshot-dir)")
+    add_option_flags(
+        p,
+        ["snapshot_dir", "snapshot_every"],
+        notes={
+            "snapshot_dir": "on storage every node shares; implies resume",
+            "snapshot_every": "needs --snapshot-dir",
+        },
+    )
     p.add_argument(
         "--env",
         action="append",

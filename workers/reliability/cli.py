@@ -34,32 +34,29 @@ def register(subparsers) -> None:
         description=__doc__.splitlines()[0],
     )
     from workers.training.cli import add_job_arguments
+    from workers.training.options import add_option_flags
 
     run = add_job_arguments(p, steps=40)
     run.add_argument("--timeout", type=float, default=1800, help="seconds before each run is stopped")
     el = p.add_argument_group("recovery")
     el.add_argument("--recovery", choices=["restart", "hot-swap"], default="restart")
-    el.add_argument("--snapshot-every", type=int, default=5, help="snapshot every K steps (restart)")
     el.add_argument(
         "--incremental",
         action="store_true",
         help="a full snapshot every 4, lossless deltas in between (default: every snapshot full)",
     )
-    el.add_argument(
-        "--snapshot-delta",
-        choices=["xor", "log"],
-        default="xor",
-        help="with --incremental, between full snapshots: XOR deltas of the state, or logs of the gradients"
-        " replayed on restore (3x smaller; --snapshot-every 1-3)",
+    # the snapshot flags' help and bounds are the options table's (workers/training/options.py); this
+    # command's defaults: a snapshot every 5 steps, deltas (with --incremental) XOR
+    add_option_flags(
+        el,
+        ["snapshot_every", "snapshot_delta", "snapshot_keep", "snapshot_memory_every", "snapshot_dir"],
+        defaults={
+            "snapshot_every": 5,
+            "snapshot_delta": "xor",
+            "snapshot_keep": 3,
+            "snapshot_memory_every": 0,
+        },
     )
-    el.add_argument("--snapshot-keep", type=int, default=3)
-    el.add_argument(
-        "--snapshot-memory-every",
-        type=int,
-        default=0,
-        help="also keep each rank's state in RAM every N steps: a restarted rank reloads it without disk",
-    )
-    el.add_argument("--snapshot-dir", help="default: a temporary directory")
     el.add_argument("--max-restarts", type=int, default=10, help="torchrun restarts allowed (restart)")
     el.add_argument(
         "--hang-timeout", type=float, default=10.0, help="seconds without a committed step that mean a hang"
@@ -216,8 +213,8 @@ def elastic_command(args: argparse.Namespace) -> int:
     from workers.training.supervision.fault_plan import DROP_LINK_NEEDS_NETEM, parse_faults
 
     try:
-        for flag in ("steps", "snapshot_every", "snapshot_keep", "max_restarts", "snapshot_memory_every"):
-            if getattr(args, flag) < (1 if flag in ("steps", "snapshot_keep") else 0):
+        for flag in ("steps", "max_restarts"):
+            if getattr(args, flag) < (1 if flag == "steps" else 0):
                 raise ConfigError(f"--{flag.replace('_', '-')}", f"must be >= 0, got {getattr(args, flag)}")
         if args.hang_timeout <= 0:
             raise ConfigError("--hang-timeout", f"must be > 0 seconds, got {args.hang_timeout}")

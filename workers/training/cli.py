@@ -17,8 +17,20 @@ import uuid
 from pathlib import Path
 
 from workers.training import examples
+from workers.training.options import add_option_flags, options_from_args
 
 EXAMPLES = examples.DIR
+SNAPSHOT_FLAGS = [
+    "snapshot_every",
+    "snapshot_dir",
+    "snapshot_full_every",
+    "snapshot_delta",
+    "snapshot_keep",
+    "snapshot_memory_every",
+    "resume",
+]
+# the run options the job's flags may give (their flags, help and bounds: workers/training/options.py)
+JOB_FLAGS = ["data", "steps", "lr", "seed", "device", "comm_hook", "profile_every", *SNAPSHOT_FLAGS]
 
 
 def register(subparsers) -> None:
@@ -28,35 +40,12 @@ def register(subparsers) -> None:
         description=__doc__.splitlines()[0],
     )
     run = add_job_arguments(p, steps=10)
-    run.add_argument(
-        "--profile-every", type=int, default=5, help="measure compute vs comm every N steps (0: off)"
-    )
+    add_option_flags(run, ["profile_every"], defaults={"profile_every": 5})
     run.add_argument("--job-id", default=os.environ.get("CANN_TRAIN_JOB_ID"), help="publish to job/<id>")
     run.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
     snap = p.add_argument_group("snapshots (asynchronous, incremental; docs/elastic.md)")
-    snap.add_argument("--snapshot-every", type=int, help="snapshot every K optimizer steps (0: never)")
-    snap.add_argument("--snapshot-dir", help="the run's snapshot directory (required with the two flags)")
-    snap.add_argument(
-        "--snapshot-full-every", type=int, help="a full snapshot every M, deltas in between (default 4)"
-    )
-    snap.add_argument(
-        "--snapshot-delta",
-        choices=["xor", "log"],
-        help="between full snapshots: XOR deltas of the state (default) or logs of the gradients, replayed"
-        " on restore (for snapshots every 1-3 steps)",
-    )
-    snap.add_argument("--snapshot-keep", type=int, help="snapshots to keep (default 3)")
-    snap.add_argument(
-        "--snapshot-memory-every",
-        type=int,
-        help="also keep each rank's state in this node's RAM every N steps (a restarted rank reloads it)",
-    )
-    snap.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the newest good snapshot in --snapshot-dir (from step 0 if there is none)",
-    )
+    add_option_flags(snap, SNAPSHOT_FLAGS)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=train_command)
 
@@ -69,17 +58,12 @@ def add_job_arguments(p: argparse.ArgumentParser, *, steps: int):
     src.add_argument("--strategy", help="strategy.json")
     src.add_argument("--model", help=f"model.json (tiny examples: {EXAMPLES}/tiny-*.json)")
     src.add_argument("--training", help="training.json (global_batch_size, dtype, optimizer)")
-    src.add_argument("--data", help="token file or directory (default: this Python's stdlib sources, bytes)")
+    add_option_flags(src, ["data"])
     run = p.add_argument_group("run")
-    run.add_argument("--steps", type=int, default=steps)
+    add_option_flags(run, ["steps"], defaults={"steps": steps})
     run.add_argument("--nproc", type=int, help="processes (default: tp*pp*dp*cp of the strategy)")
     run.add_argument("--global-batch-size", type=int, help="overrides training.global_batch_size")
-    run.add_argument("--lr", type=float)
-    run.add_argument("--seed", type=int)
-    run.add_argument(
-        "--device", choices=["auto", "cpu", "cuda", "npu"], help="default $CANN_TRAIN_DEVICE or auto"
-    )
-    run.add_argument("--comm-hook", help="DDP communication hook name (workers.training.comm registry)")
+    add_option_flags(run, ["lr", "seed", "device", "comm_hook"])
     return run
 
 
@@ -107,24 +91,9 @@ def build_job_config(args: argparse.Namespace):
         raise ConfigError("training", "must be a JSON object")
     if args.global_batch_size is not None:
         training = {**training, "global_batch_size": args.global_batch_size}
-    config = {"model": model, "strategy": strategy, "training": training, "steps": args.steps}
-    for flag, key in (("lr", "lr"), ("seed", "seed"), ("data", "data"), ("device", "device")):
-        if getattr(args, flag) is not None:
-            config[key] = getattr(args, flag)
-    config["profile_every"] = args.profile_every
-    for flag in (
-        "snapshot_every",
-        "snapshot_dir",
-        "snapshot_full_every",
-        "snapshot_delta",
-        "snapshot_keep",
-        "snapshot_memory_every",
-    ):
-        if getattr(args, flag, None) is not None:
-            config[flag] = getattr(args, flag)
-    if getattr(args, "resume", False):
-        config["resume"] = True
-    config["comm_hook"] = args.comm_hook
+    config = {"model": model, "strategy": strategy, "training": training}
+    # every option a flag of this command gave (the table's: workers/training/options.py)
+    config.update(options_from_args(args, [name for name in JOB_FLAGS if name in vars(args)]))
     if args.job_id and args.redis_url:
         config["job_id"], config["redis_url"] = str(args.job_id), args.redis_url
     if args.data is not None and not Path(args.data).exists():

@@ -15,14 +15,20 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from workers.planner.search import ep_rule, tp_rule
 from workers.planner.specs import ModelSpec, MoESpec, SpecError, Strategy, TrainingConfig, stage_split_problem
-from workers.training.comm_methods import FSDP_HOOK_NAMES, HOOK_NAMES
+from workers.training.comm_methods import FSDP_HOOK_NAMES
+from workers.training.options import (
+    OPTIONS,
+    Option,
+    OptionError,
+    by_name,
+    dataclass_fields,
+)
 
 # The runtime's names for the planner's model classes (the runtime adds checks, not fields).
 ModelConfig = ModelSpec
@@ -128,12 +134,6 @@ class ParallelConfig(Strategy):
 RUNTIME_TRAINING_DEFAULTS: dict[str, Any] = {"global_batch_size": 8, "dtype": "fp32"}
 # compute dtypes the runtime can autocast to (fp32 = no autocast); the planner also costs fp8
 RUNTIME_DTYPES = ("fp32", "bf16", "fp16")
-SNAPSHOT_DELTAS = ("xor", "log")
-"""``JobConfig.snapshot_delta``: the kinds of snapshot taken between full ones (docs/elastic.md)."""
-RISK_POLICIES = ("act", "observe")
-"""``JobConfig.risk_policy``: whether the fault-risk loop may act on the job (docs/fault_risk.md)."""
-COMM_ORDERS = ("reverse", "priority", "magnitude")
-"""``JobConfig.comm_order``: the order data-parallel gradients are sent in (``workers.training.comm.priority``)."""
 # One step's gradients, zstd, were 3.04x smaller than a full snapshot of the same 99.5M-parameter AdamW
 # state (bench/elastic.py, docs/elastic.md): a log of 4 or more steps is larger than a full snapshot.
 LOG_MAX_SNAPSHOT_EVERY = 3
@@ -166,96 +166,12 @@ class TrainingSpec(TrainingConfig):
         return cls(**{f.name: getattr(t, f.name) for f in fields(t)})
 
 
-@dataclass
-class JobConfig:
-    """Everything one training run needs. Serialised to JSON for ``python -m workers.training.run``."""
+class JobConfigMethods:
+    """What a job config does; its fields are :func:`job_config_class`'s (the documents, then one field per
+    run option of ``workers.training.options.OPTIONS``, each with its help and section in the field's
+    metadata). Serialised to JSON, flat, for ``python -m workers.training.run``."""
 
-    model: ModelConfig
-    strategy: ParallelConfig = field(default_factory=lambda: ParallelConfig.from_dict({}))
-    training: TrainingSpec = field(default_factory=lambda: TrainingSpec.from_dict({}))
-    steps: int = 10
-    """Optimizer steps to run (counted from ``start_step`` on resume)."""
-    lr: float = 3e-3
-    """Peak learning rate (linear warmup then cosine decay to 10%)."""
-    warmup_steps: int = 2
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    """Clip the global gradient norm (0 disables clipping; the norm is reported either way)."""
-    seed: int = 0
-    """Seeds parameter init (identical on every rank) and the data order."""
-    data: str | None = None
-    """Token source: ``None`` = this interpreter's standard-library sources as bytes; else a file or a
-    directory of files (raw bytes are byte tokens, ``.npy`` holds token ids)."""
-    device: str = "auto"
-    """``auto|cpu|cuda|npu`` (``CANN_TRAIN_DEVICE`` overrides ``auto``)."""
-    job_id: str | None = None
-    """Publishes events to Redis stream ``job/<job_id>`` (with ``redis_url``); none = no publishing."""
-    redis_url: str | None = None
-    comm_hook: str | None = None
-    """DDP communication hook, ``name[:key=value,...]`` from ``workers.training.comm.HOOKS`` (zero_stage 0
-    only), e.g. ``"topk_ef:density=0.01"``; registered on the data-parallel group."""
-    bucket_cap_mb: float | None = None
-    """DDP gradient bucket size in MB. ``None``: chosen from ``inter_node_GBps``/``inter_node_latency_us``
-    by ``choose_bucket_cap_mb`` when those are given, else DDP's default (25 MB)."""
-    comm_order: str = "reverse"
-    """The order data-parallel gradients go on the wire: ``reverse`` -- DDP's (buckets as backward produces
-    them, the last layers first; the step waits for all of them); ``priority`` -- the first layers first,
-    each layer updated and run by the next forward as soon as its gradient is in, while later ones are still
-    in flight (ByteScheduler, Peng et al. SOSP'19; P3, Jayarajan et al. SysML'19); ``magnitude`` -- the same,
-    the largest-norm partitions first. Partitions of ``bucket_cap_mb``. Not ``reverse``: data parallelism
-    only, ``grad_clip`` 0, no ``comm_hook``, no snapshots (``workers.training.comm.priority``)."""
-    inter_node_GBps: float | None = None
-    """The job's inter-node bandwidth, GB/s per device per direction (cluster.json units); sizes buckets."""
-    inter_node_latency_us: float = 0.0
-    """The job's inter-node latency in microseconds; sizes buckets."""
-    expert_bias_update_rate: float = 1e-3
-    """Auxiliary-loss-free balancing step (DeepSeek-V3, Liu et al. 2024, sec. 2.1.2: gamma)."""
-    profile_every: int = 0
-    """Measure compute vs communication with the torch profiler every N steps (0: never)."""
-    start_step: int = 0
-    """Resume point: optimizer steps already taken (the data position follows from it)."""
-    publish: bool = True
-    """With a job id and redis url: publish events (the overhead bench turns it off to compare)."""
-    peak_tflops: float | None = None
-    """Per-device peak (for ``mfu``); unknown on cpu."""
-    snapshot_every: int = 0
-    """Snapshot the whole training state every N optimizer steps into ``snapshot_dir`` (0: never);
-    asynchronous: the loop waits only for a copy to CPU memory (``workers.training.checkpoint``)."""
-    snapshot_dir: str | None = None
-    """The job's snapshot directory, one filesystem seen by every rank."""
-    snapshot_full_every: int = 4
-    """A full snapshot every M snapshots, lossless deltas in between (1: all full)."""
-    risk_policy: str = "act"
-    """What the node's risk watch may do (``workers.reliability.risk_watch``): ``act`` -- at a risk of 0.85
-    ask for a snapshot now (a job that takes snapshots) -- or ``observe`` -- only report the risk and what it
-    would have done. The ranks ignore it; their supervisor reads it."""
-    snapshot_delta: str = "xor"
-    """What the snapshots between full ones are: ``xor`` -- the whole state XORed with the last full one
-    (any ``snapshot_every``; ~1.1x smaller for AdamW) -- or ``log`` -- the gradients the optimizer consumed
-    since the previous snapshot, replayed on it at restore (one gradient per step: ~3x smaller at one step
-    per snapshot; ``snapshot_every`` at most :data:`LOG_MAX_SNAPSHOT_EVERY`). docs/elastic.md."""
-    snapshot_keep: int = 3
-    """Snapshots kept (retention), plus the full snapshot each kept delta needs."""
-    resume: bool = False
-    """Continue from the newest snapshot in ``snapshot_dir`` that verifies (from ``start_step`` if none)."""
-    snapshot_memory_every: int = 0
-    """Also copy each rank's state into the node's RAM every N steps (0: never): a rank that dies on a node
-    that lives on restarts from there without reading disk (``checkpoint/memory.py``)."""
-    rescale: bool = False
-    """Accept a world size other than the strategy's (torchrun ``--nnodes MIN:MAX`` after a node was lost or
-    came back): the layout for the ranks present is chosen by ``workers.training.scaling.replan`` and the
-    state resharded from the newest snapshot. Off: a different world size is an error."""
-    resume_from: str | None = None
-    """Continue from exactly this snapshot (``step-00000020``; a restore): it must verify, and the newer ones
-    are set aside as ``<name>.superseded``. Implies ``resume``."""
-    energy: dict | None = None
-    """Energy and carbon metering (``workers.green.job``): ``{"zone": "GB", "pue": ..., "pue_source": ...,
-    "tdp_watts": ..., "device_name": ..., "price_per_kwh": ..., "currency": ..., "every": 5, ...}``, all
-    optional; ``{"enabled": false}`` turns it off. Rank 0 publishes ``energy`` events with running kWh and
-    kgCO2e (an estimate where no meter exists, labelled so)."""
-    inject: str | None = None
-    """Faults to inject (tests, benches, demos): ``kill-rank@step=17,hang-rank@step=40:rank=1,...``
-    (:mod:`workers.reliability.faults`). Read by the supervisor that watches the ranks, never by them."""
+    OPTIONS: tuple[Option, ...] = OPTIONS
 
     @property
     def world_size(self) -> int:
@@ -327,15 +243,9 @@ class JobConfig:
                 "low-rank factors of whole gradient matrices, FSDP2's reduce-scatter sees flat shards; use "
                 f"zero_stage 0, or one of {', '.join(FSDP_HOOK_NAMES)}",
             )
-        if self.bucket_cap_mb is not None and self.bucket_cap_mb <= 0:
-            fail("bucket_cap_mb", f"must be > 0, got {self.bucket_cap_mb}")
         if self.comm_order != "reverse":
             for problem in comm_order_problems(self):
                 fail("comm_order", problem)
-        if self.inter_node_GBps is not None and self.inter_node_GBps <= 0:
-            fail("inter_node_GBps", f"must be > 0, got {self.inter_node_GBps}")
-        if self.inter_node_latency_us < 0:
-            fail("inter_node_latency_us", f"must be >= 0, got {self.inter_node_latency_us}")
         if (
             self.snapshot_every or self.resume or self.resume_from or self.snapshot_memory_every
         ) and not self.snapshot_dir:
@@ -370,78 +280,34 @@ class JobConfig:
             raise ConfigError({key: [message] for key in sorted(unknown)})
         if "model" not in d:
             raise ConfigError("model", "is required")
-        kwargs = dict(d)
+        kwargs = {
+            k: v for k, v in d.items() if k not in cls._option_names() or v is not None or cls._nullable(k)
+        }
         kwargs["model"] = parse_model(d["model"])
         kwargs["strategy"] = ParallelConfig.from_dict(d.get("strategy") or {})
         kwargs["training"] = TrainingSpec.from_dict(d.get("training"))
-        for name in ("lr", "weight_decay", "grad_clip", "expert_bias_update_rate", "inter_node_latency_us"):
-            if name in kwargs:
-                kwargs[name] = _float(kwargs, name, "config", 0.0)
-        for name in ("bucket_cap_mb", "inter_node_GBps"):
-            if kwargs.get(name) is not None:
-                kwargs[name] = _float(kwargs, name, "config", 0.0)
-        if kwargs.get("comm_hook") is not None:
-            _check_comm_hook(str(kwargs["comm_hook"]))
-        for name in (
-            "steps",
-            "seed",
-            "profile_every",
-            "start_step",
-            "warmup_steps",
-            "snapshot_every",
-            "snapshot_memory_every",
-        ):
-            if name in kwargs:
-                kwargs[name] = _int(kwargs, name, "config", minimum=0)
-        for name in ("snapshot_full_every", "snapshot_keep"):
-            if name in kwargs:
-                kwargs[name] = _int(kwargs, name, "config", minimum=1)
-        if not isinstance(kwargs.get("rescale", False), bool):
-            raise ConfigError("rescale", f"must be true or false, got {kwargs['rescale']!r}")
-        if not isinstance(kwargs.get("resume", False), bool):
-            raise ConfigError("resume", f"must be true or false, got {kwargs['resume']!r}")
+        if isinstance(kwargs.get("job_id"), int) and not isinstance(kwargs["job_id"], bool):
+            kwargs["job_id"] = str(kwargs["job_id"])  # a job id may come as a number
+        errors: dict[str, list[str]] = {}
+        for option in cls.OPTIONS:
+            if option.name in kwargs:
+                try:
+                    kwargs[option.name] = option.parse(kwargs[option.name])
+                except OptionError as exc:
+                    errors[option.name] = [exc.message]
+        if errors:
+            raise ConfigError(errors)
         if kwargs.get("resume_from") is not None:
-            name = kwargs["resume_from"]
-            if not isinstance(name, str) or not re.fullmatch(r"step-\d{8}", name):
-                raise ConfigError("resume_from", f"must be a snapshot name like step-00000020, got {name!r}")
             kwargs["resume"] = True
-        if kwargs.get("inject") is not None:
-            from workers.training.supervision.fault_plan import parse_faults
-
-            if not isinstance(kwargs["inject"], str):
-                raise ConfigError(
-                    "inject", f"must be a fault list like kill-rank@step=5, got {kwargs['inject']!r}"
-                )
-            try:
-                parse_faults(kwargs["inject"])
-            except ValueError as exc:
-                raise ConfigError("inject", str(exc)) from None
-        if "risk_policy" in kwargs and kwargs["risk_policy"] not in RISK_POLICIES:
-            raise ConfigError(
-                "risk_policy", f"must be one of {', '.join(RISK_POLICIES)}, got {kwargs['risk_policy']!r}"
-            )
-        if "comm_order" in kwargs and kwargs["comm_order"] not in COMM_ORDERS:
-            raise ConfigError(
-                "comm_order", f"must be one of {', '.join(COMM_ORDERS)}, got {kwargs['comm_order']!r}"
-            )
-        if "snapshot_delta" in kwargs and kwargs["snapshot_delta"] not in SNAPSHOT_DELTAS:
-            raise ConfigError(
-                "snapshot_delta",
-                f"must be one of {', '.join(SNAPSHOT_DELTAS)}, got {kwargs['snapshot_delta']!r}",
-            )
-        if kwargs.get("snapshot_dir") is not None and not isinstance(kwargs["snapshot_dir"], str):
-            raise ConfigError("snapshot_dir", f"must be a path, got {kwargs['snapshot_dir']!r}")
-        if kwargs.get("energy") is not None:
-            from workers.green.job import check_energy_settings
-
-            problems = check_energy_settings(kwargs["energy"])
-            if problems:
-                raise ConfigError({"energy": problems})
-        if kwargs.get("job_id") is not None:
-            kwargs["job_id"] = str(kwargs["job_id"])
-            if not kwargs["job_id"].isdigit():
-                raise ConfigError("job_id", f"must be a number (stream job/<id>), got {kwargs['job_id']!r}")
         return cls(**kwargs).validate()
+
+    @classmethod
+    def _option_names(cls) -> set[str]:
+        return {o.name for o in cls.OPTIONS}
+
+    @classmethod
+    def _nullable(cls, name: str) -> bool:
+        return by_name(cls.OPTIONS)[name].nullable
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))
@@ -449,6 +315,28 @@ class JobConfig:
     @classmethod
     def load(cls, path: str | Path) -> JobConfig:
         return cls.from_dict(read_json(path, "config"))
+
+
+def job_config_class(table: tuple[Option, ...] = OPTIONS, name: str = "JobConfig") -> type:
+    """The job config's class for an options table: ``model``, ``strategy`` and ``training`` (the contract
+    documents), then one field per option, its default, help and section from the table (``fields(cls)``,
+    ``metadata["option"]``). ``JobConfig`` is the one of :data:`~workers.training.options.OPTIONS`; a test
+    builds one of a table with an option added and sees it parsed, bounded and serialised."""
+    return make_dataclass(
+        name,
+        [
+            ("model", ModelConfig),
+            ("strategy", ParallelConfig, field(default_factory=lambda: ParallelConfig.from_dict({}))),
+            ("training", TrainingSpec, field(default_factory=lambda: TrainingSpec.from_dict({}))),
+            *dataclass_fields(table),
+        ],
+        bases=(JobConfigMethods,),
+        namespace={"OPTIONS": tuple(table), "__module__": __name__},
+    )
+
+
+JobConfig = job_config_class()
+JobConfig.__doc__ = "Everything one training run needs (:class:`JobConfigMethods`, :func:`job_config_class`)."
 
 
 def comm_order_problems(cfg: JobConfig) -> list[str]:
@@ -471,16 +359,6 @@ def comm_order_problems(cfg: JobConfig) -> list[str]:
     if cfg.snapshot_every or cfg.snapshot_memory_every or cfg.resume:
         out.append(f"{order} does not take snapshots yet: a step's update completes in the next forward")
     return out
-
-
-def _check_comm_hook(spec: str) -> None:
-    """``name[:key=value,...]`` with a known name (the hook itself checks the option names when built)."""
-    name, _, rest = spec.partition(":")
-    if name.strip() not in HOOK_NAMES:
-        raise ConfigError("comm_hook", f"unknown hook {name.strip()!r}; choose from {', '.join(HOOK_NAMES)}")
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        if "=" not in item:
-            raise ConfigError("comm_hook", f"option {item!r} is not key=value")
 
 
 def read_json(path: str | Path, what: str) -> Any:

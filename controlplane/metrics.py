@@ -1,4 +1,5 @@
-"""``/metrics``: Prometheus metrics of the web process, for operators.
+"""``/metrics``: Prometheus metrics of the web process, for operators (a project module, not an app: it
+reads every app's figures).
 
 Two kinds of series: django-prometheus' request and response figures (its middleware pair in settings), and
 the product's own, computed from the database and Redis each time Prometheus scrapes (``ProductCollector``:

@@ -1,0 +1,118 @@
+"""Writes for training jobs, one module per job: ``events`` (a job's live events, the retried database
+write), ``submit`` (check, store, launch or schedule), ``lifecycle`` (launch, cancel, fail), ``nodes`` (what
+the nodes report, an attempt settled), ``node_run`` (one node of one attempt: the Celery task's body),
+``orphans`` (jobs whose worker died), ``annotations`` (tags, notes), ``incidents`` (imported failures).
+The process supervision itself is the engine's (``workers.training.supervision.supervisor``); these modules
+record what it reports. Recovery, comparisons, schedules and external launchers have their own modules
+beside this package (``controlplane/jobs/``).
+
+The callers (APIs, tasks, other apps, tests) take the names from here."""
+
+from __future__ import annotations
+
+from controlplane.jobs.services.annotations import (
+    MAX_TAGS,
+    NOTES_MAX_CHARS,
+    TAG_MAX_CHARS,
+    clean_notes,
+    clean_tags,
+    job_annotate,
+)
+from controlplane.jobs.services.events import DATABASE_RETRY_S, job_event, until_the_database_answers
+from controlplane.jobs.services.incidents import (
+    INCIDENT_TIME_RANGE_S,
+    MAX_INCIDENT_CSV_CHARS,
+    MAX_INCIDENTS_PER_TEAM,
+    MAX_LISTED_PROBLEMS,
+    incidents_import,
+)
+from controlplane.jobs.services.lifecycle import (
+    MAX_ACTIVE_JOBS_PER_TEAM,
+    cancelled_message,
+    job_cancel,
+    job_dir,
+    job_fail,
+    job_fan_out,
+    job_launch,
+    scheduled_message,
+)
+from controlplane.jobs.services.node_run import node_run
+from controlplane.jobs.services.nodes import (
+    HEARTBEAT_TIMEOUT,
+    MEASURED_KEYS,
+    heartbeat,
+    job_progress_from_events,
+    node_alive,
+    node_finished,
+    node_started,
+    record_measurement,
+    settle_attempt,
+)
+from controlplane.jobs.services.orphans import reap_orphans, running_on_node
+from controlplane.jobs.services.submit import (
+    MAX_CPU_STEPS,
+    MAX_DEVICES_PER_NODE,
+    RUN_OPTIONS,
+    check_elastic_layout,
+    check_elastic_policy,
+    check_fits_this_machine,
+    check_injectable,
+    check_node_range,
+    check_restart_policy,
+    job_config_of,
+    job_create,
+    job_submit,
+    snapshot_dir_of,
+    validated_config,
+)
+
+__all__ = [
+    "job_event",
+    "DATABASE_RETRY_S",
+    "until_the_database_answers",
+    "MAX_DEVICES_PER_NODE",
+    "MAX_CPU_STEPS",
+    "validated_config",
+    "check_fits_this_machine",
+    "RUN_OPTIONS",
+    "job_config_of",
+    "job_submit",
+    "snapshot_dir_of",
+    "check_restart_policy",
+    "check_node_range",
+    "check_elastic_policy",
+    "check_elastic_layout",
+    "check_injectable",
+    "job_create",
+    "MAX_ACTIVE_JOBS_PER_TEAM",
+    "scheduled_message",
+    "job_launch",
+    "cancelled_message",
+    "job_cancel",
+    "job_fail",
+    "job_fan_out",
+    "job_dir",
+    "MAX_TAGS",
+    "TAG_MAX_CHARS",
+    "NOTES_MAX_CHARS",
+    "clean_tags",
+    "clean_notes",
+    "job_annotate",
+    "HEARTBEAT_TIMEOUT",
+    "node_started",
+    "heartbeat",
+    "node_finished",
+    "node_alive",
+    "settle_attempt",
+    "MEASURED_KEYS",
+    "record_measurement",
+    "job_progress_from_events",
+    "node_run",
+    "reap_orphans",
+    "running_on_node",
+    "MAX_INCIDENT_CSV_CHARS",
+    "MAX_INCIDENTS_PER_TEAM",
+    "MAX_LISTED_PROBLEMS",
+    "INCIDENT_TIME_RANGE_S",
+    "incidents_import",
+]

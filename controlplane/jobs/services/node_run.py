@@ -1,0 +1,190 @@
+"""One node of one attempt: the Celery task's body (``run_node``). Rendezvous, the node's torchrun under the
+engine's supervisor (``workers.training.supervision.supervisor``), its watches, and what it reports."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
+
+from controlplane.common import logs
+from controlplane.common.models import JobState
+from controlplane.common.redis import redis_client
+from controlplane.jobs.models import JobNode, TrainingJob
+from controlplane.jobs.selectors import restarts_left
+from controlplane.jobs.services.events import until_the_database_answers
+from controlplane.jobs.services.lifecycle import job_dir, job_fail
+from controlplane.jobs.services.nodes import heartbeat, node_finished, node_started
+from controlplane.live.services import publish
+from workers.training.supervision import supervisor
+
+log = logging.getLogger(__name__)
+
+
+def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
+    """Run one node's ``torchrun`` agent for a job attempt inside this worker and record what happens:
+    started, heartbeats (answering a cancel), exit code, log tail and run summary."""
+    from workers.training.launch import render_torchrun_command, torchrun_env
+
+    close_old_connections()
+    job = TrainingJob.objects.get(pk=job_id)
+    node = JobNode.objects.filter(job=job, attempt=attempt, node_rank=node_rank).first()
+    if node is None or job.attempts != attempt or job.is_finished or node.state != JobState.QUEUED:
+        log.info(
+            "job %s attempt %s node %s: nothing to do (stale or repeated delivery)",
+            job_id,
+            attempt,
+            node_rank,
+        )
+        return "skipped"
+    # picked up: from now on this node's heartbeats say whether its supervisor lives (a node still waiting
+    # in the queue for a free worker slot has none, and the reaper leaves its job alone)
+    picked_at = timezone.now()
+    JobNode.objects.filter(pk=node.pk).update(node_name=supervisor.node_name(), heartbeat_at=picked_at)
+    TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=picked_at)
+    from workers.devices.backend import device_memory_GiB, devices_missing, select_device
+    from workers.training.fits import memory_problem
+
+    requested = job.config.get("device", "auto")
+    problem = devices_missing(requested, job.nproc_per_node)
+    if not problem:  # the devices are there: will the job's ranks fit in their memory?
+        kind = select_device(requested).kind
+        problem = memory_problem(
+            job.config, job.nproc_per_node, device_kind=kind, device_memory_GiB=device_memory_GiB(kind)
+        )
+    if problem:
+        job_fail(job_id=job.pk, human=problem)
+        return "failed"
+    workdir = job_dir(job, attempt)
+    try:
+        endpoint = supervisor.rendezvous_endpoint(
+            redis_client(),
+            f"cann:rdzv:job/{job.pk}/{attempt}",
+            node_rank,
+            address=supervisor.node_address(),
+            on_wait=lambda: heartbeat(node=node),
+        )
+    except TimeoutError as exc:
+        job_fail(job_id=job.pk, human=f"Job {job.pk}: {exc}")
+        return "failed"
+    config_path = workdir / f"config-node{node_rank}.json"
+    # ``attempt`` labels every event the run publishes (the job page draws each attempt as its own trace)
+    config_path.write_text(
+        json.dumps({**job.config, "job_id": str(job.pk), "redis_url": settings.REDIS_URL, "attempt": attempt})
+    )
+    # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
+    # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
+    summary_path = workdir / f"summary-node{node_rank}.json"
+    from controlplane.jobs.recovery import elastic_watch_for
+
+    # the recovery engine: watches the ranks (progress, hangs), fires injected faults, reports faults,
+    # recoveries and snapshots (recorded as they come) and the goodput at the end
+    try:
+        watch = elastic_watch_for(job, attempt, node_rank, workdir)
+    except ValueError as exc:  # a fault plan that does not fit the job (checked at submit; kept safe)
+        job_fail(job_id=job.pk, human=f"Fault injection: {exc}")
+        return "failed"
+    # torchrun restarts the node's ranks from the newest good snapshot, as often as the job has restarts
+    # left (a job that takes no snapshots would start over from step 0: it is not restarted)
+    max_restarts = restarts_left(job) if watch is not None and job.snapshots_enabled else 0
+    cmd = render_torchrun_command(
+        str(config_path),
+        job.nnodes,
+        job.nproc_per_node,
+        # a node that joins a running elastic attempt has a new row past the first nnodes; c10d ignores
+        # --node-rank (see above), torchrun only checks it is below --nnodes
+        min(node_rank, job.nnodes - 1),
+        endpoint,
+        run_id=f"job{job.pk}-a{attempt}",
+        max_restarts=max_restarts,
+        summary_path=str(summary_path),
+        # an elastic range: --nnodes MIN:MAX, so the agents re-form the group on the nodes left (and with a
+        # node that comes back)
+        min_nodes=job.min_nodes if job.elastic else None,
+        # warm agents (workers.training.supervision.agent) for every job: the ranks fork from one import of the runtime
+        # (~4 s of CPU per rank saved at each start and restart here). With plain torchrun the shrink and
+        # regrow of tests/engines/reliability/test_elastic_scaling.py timed out. A killed Celery worker's job once
+        # settled ~100 s later with them (test_chaos); re-measured after the ranks' OpenMP pool fix: 36 s,
+        # against 45 s with plain torchrun.
+        warm=True,
+        # node 0 hosts the rendezvous store, never another node (c10d lets the first agent to bind the port
+        # host it): the group must not lose its store with a node it can lose (reap_lost_nodes)
+        hosts_store=False if job.elastic and node_rank != 0 else None,
+    )
+    log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
+
+    def beat() -> bool:
+        close_old_connections()
+        try:
+            wants_cancel = heartbeat(node=node)
+        except DatabaseError:  # a database blip must not stop the training: the next beat retries
+            log.warning("job %s node %s: heartbeat not recorded", job.pk, node_rank, exc_info=True)
+            return False
+        if wants_cancel:
+            log.info("job %s node %s: cancel requested, stopping the process group", job.pk, node_rank)
+        return wants_cancel
+
+    from controlplane.jobs.recovery import risk_watch_for
+
+    # the fault-risk loop: this node's telemetry and its ranks' straggler scores, live on the job's stream
+    risk = risk_watch_for(job, attempt, node_rank, watch, local_ranks=job.nproc_per_node) if watch else None
+
+    def poll() -> None:
+        try:
+            watch.poll()
+        finally:  # each watch goes on when the other fails
+            risk.poll()
+
+    if risk is not None:
+        risk.start()
+    try:
+        outcome = supervisor.supervise(
+            cmd,
+            log_path=workdir / f"node{node_rank}.log",
+            cwd=settings.BASE_DIR,
+            # CANN_TRAIN_REQUEST_ID: the request that launched it, on the runtime's lifecycle events
+            env={**torchrun_env(), **(watch.env if watch is not None else {}), **logs.runtime_env()},
+            on_poll=poll if watch is not None else None,
+            on_start=lambda pid: until_the_database_answers(
+                lambda: node_started(node=node, pid=pid),
+                what=f"record that job {job.pk} node {node_rank} started",
+            ),
+            on_heartbeat=beat,
+            # the heartbeat thread closes its own connection (resolved there: `connection` is per thread)
+            after_heartbeats=lambda: connection.close(),
+            # the live log: new lines (noise filtered, batched by the supervisor) as events on the job's stream
+            on_output=lambda lines: publish(
+                job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt}
+            ),
+        )
+    finally:
+        if risk is not None:
+            try:
+                risk.stop()
+            except Exception:  # noqa: BLE001 - the run's outcome is recorded without its last samples
+                log.warning(
+                    "job %s node %s: the risk watch did not stop cleanly", job.pk, node_rank, exc_info=True
+                )
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    report = None
+    if watch is not None:
+        try:
+            watch.finish()  # the last progress the ranks wrote, and the end of the goodput clock
+            report = watch.report()
+        except Exception:  # noqa: BLE001 - the run's outcome is recorded without it
+            log.warning("job %s node %s: no recovery report", job.pk, node_rank, exc_info=True)
+    until_the_database_answers(
+        lambda: node_finished(
+            node=node,
+            exit_code=outcome.exit_code,
+            cancelled=outcome.cancelled,
+            log_tail=outcome.log_tail,
+            summary=summary,
+            elastic=report,
+        ),
+        what=f"record how job {job.pk} node {node_rank} ended",
+    )
+    return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}"
