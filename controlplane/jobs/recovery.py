@@ -321,7 +321,8 @@ def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, loc
     on the job's stream, read from the same progress directory as the recovery ``watch``. Events go through
     ``publish_after_commit``, which keeps them in the database while Redis is away (nothing is lost)."""
     from controlplane.live.services import publish_after_commit
-    from workers.reliability.risk_watch import NodeRiskWatch, PreventionPolicy
+    from workers.reliability.risk.policy import PreventionPolicy
+    from workers.reliability.risk_watch import NodeRiskWatch
     from workers.training.supervision.supervisor import node_name
 
     model, absent = failure_model()

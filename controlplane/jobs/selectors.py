@@ -503,7 +503,7 @@ def job_risk(job: TrainingJob) -> dict | None:
     run), and the dashboard's ``badge``: ``high`` / ``medium`` when a node is at that level, else
     ``unprotected`` for a job without snapshots, else ``low``; and the prevention actions (warn, snapshot-now,
     with their status and outcome). None before the attempt's first risk event."""
-    from workers.reliability.risk_watch import risk_level
+    from workers.reliability.risk.policy import risk_level
 
     recent = list(
         StreamEvent.objects.filter(stream=job.stream, kind="risk")

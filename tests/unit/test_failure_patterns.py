@@ -20,6 +20,7 @@ from workers.reliability.risk.patterns import (
     find_pattern,
     pattern_key,
 )
+from workers.reliability.risk.policy import PreventionPolicy
 from workers.reliability.risk.simulator import (
     KINDS,
     LLAMA3_RATE_PER_NODE_DAY,
@@ -29,7 +30,6 @@ from workers.reliability.risk.simulator import (
     SIGNAL_EFFECTS,
 )
 from workers.reliability.risk.traces import Failure
-from workers.reliability.risk_watch import PreventionPolicy
 from workers.reliability.telemetry.nvml import XID_DESCRIPTIONS
 
 T0 = 1767225600.0  # 2026-01-01T00:00:00Z

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from tests.unit.test_straggler import sync_dp_steps
-from workers.reliability.risk_watch import NodeRiskWatch, risk_level
+from workers.reliability.risk.policy import risk_level
+from workers.reliability.risk_watch import NodeRiskWatch
 from workers.training.supervision.step_times import StepTimesWriter
 
 
@@ -196,7 +197,7 @@ def test_a_drain_that_cannot_be_done_is_refused_with_the_reason(tmp_path):
 
 
 def test_no_action_on_an_observe_only_job_or_one_without_snapshots_and_an_unanswered_request(tmp_path):
-    from workers.reliability.risk_watch import PreventionPolicy
+    from workers.reliability.risk.policy import PreventionPolicy
     from workers.training.supervision.snapshot_now import REQUEST
 
     events = []
@@ -229,7 +230,7 @@ def test_no_action_on_an_observe_only_job_or_one_without_snapshots_and_an_unansw
 
 
 def test_bad_prevention_policies_are_refused():
-    from workers.reliability.risk_watch import PreventionPolicy
+    from workers.reliability.risk.policy import PreventionPolicy
 
     for bad in [{"mode": "drain-everything"}, {"warn_at": 0.9, "act_at": 0.8}, {"warn_at": 0.0}]:
         with pytest.raises(ValueError):

@@ -59,10 +59,11 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from workers.reliability.risk.policy import PreventionPolicy, risk_level
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
 from workers.reliability.telemetry.job import JobSignals
@@ -72,38 +73,6 @@ from workers.training.supervision.progress import read_progress
 from workers.training.supervision.step_times import StepTimesReader
 
 log = logging.getLogger(__name__)
-
-WARN_RISK = 0.6  # issue 14's prevention tiers: warn (event + badge) ...
-ACT_RISK = 0.85  # ... snapshot now, then drain or rebalance
-
-
-def risk_level(risk: float | None) -> str | None:
-    """``high`` / ``medium`` / ``low`` for a risk in [0, 1] (None: not scored)."""
-    if risk is None:
-        return None
-    return "high" if risk >= ACT_RISK else "medium" if risk >= WARN_RISK else "low"
-
-
-@dataclass(frozen=True)
-class PreventionPolicy:
-    """What the watch may do about a node's risk (issue 14's tiers; ``mode`` is the job's ``risk_policy``)."""
-
-    mode: str = "act"
-    """``act`` or ``observe`` (report the risk and what would have been done; never act)."""
-    warn_at: float = WARN_RISK
-    act_at: float = ACT_RISK
-    snapshot_cooldown_s: float = 120.0
-    """At most one snapshot-now per this many seconds on a node (assumption: a snapshot of the job's state
-    every few minutes bounds what a failure costs, and more would stall training for little)."""
-    answer_timeout_s: float = 120.0
-    """A snapshot the ranks did not take within this long is ``unanswered`` (they may be stopped or hung)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("act", "observe"):
-            raise ValueError(f"mode must be act or observe, got {self.mode!r}")
-        if not 0 < self.warn_at <= self.act_at <= 1:
-            raise ValueError(f"need 0 < warn_at <= act_at <= 1, got {self.warn_at}, {self.act_at}")
-
 
 Publish = Callable[[str, dict[str, Any], int | None], None]
 """``publish(kind, values, step)``: put an event on the job's stream."""

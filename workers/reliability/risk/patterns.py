@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
 from workers.reliability.risk.features import FEATURES
+from workers.reliability.risk.policy import PreventionPolicy
 from workers.reliability.risk.simulator import (
     LLAMA3_RATE_PER_NODE_DAY,
     LLAMA3_RATE_SOURCE,
@@ -38,7 +39,6 @@ from workers.reliability.risk.simulator import (
     SIGNAL_EFFECTS,
 )
 from workers.reliability.risk.traces import Failure
-from workers.reliability.risk_watch import PreventionPolicy
 from workers.reliability.telemetry.nvml import describe_xid
 
 PRECURSOR_SOURCE = (

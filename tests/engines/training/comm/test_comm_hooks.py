@@ -12,103 +12,57 @@ import pytest
 import torch
 
 from tests.engines.ranks import spawn_ranks
+from tests.engines.training.comm.small_ddp import small_mlp, train_small_ddp
 
 pytestmark = pytest.mark.slow
-
-STEPS = 4
-BUCKET_CAP_MB = 0.02  # ~5k floats per bucket: several buckets, exercising DDP's bucket rebuild
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(32, 96),
-        torch.nn.ReLU(),
-        torch.nn.Linear(96, 96),
-        torch.nn.ReLU(),
-        torch.nn.Linear(96, 10),
-    )
-
-
-def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 32, generator=g), torch.randn(16, 10, generator=g)
-
-
-def _train(
-    hook=None, options=None, *, steps=STEPS, start_step=0, model_state=None, hook_state=None, stats=None
-):
-    """SGD on a small MLP under DDP; returns (flat parameters, hook state)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from workers.training.comm import register_comm_hook
-
-    model = _model()
-    if model_state is not None:
-        model.load_state_dict(model_state)
-    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-    state = register_comm_hook(ddp, hook, options) if hook else None
-    if state is not None and hook_state is not None:
-        state.load_state_dict(hook_state)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for step in range(start_step, start_step + steps):
-        x, y = _batch(dist.get_rank(), step)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
-        if stats is not None and state is not None:
-            stats.append(state.comm_stats())
-        opt.step()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return flat, state, model
 
 
 def _scenarios(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     res: dict = {}
-    res["plain"], _, _ = _train()
-    res["allreduce"], _, _ = _train("allreduce")
-    res["topk_dense_equiv"], _, _ = _train("topk_ef", {"density": 1.0, "value_dtype": "fp32"})
-    res["topk_sparse_path_d1"], _, _ = _train(
+    res["plain"], _, _ = train_small_ddp()
+    res["allreduce"], _, _ = train_small_ddp("allreduce")
+    res["topk_dense_equiv"], _, _ = train_small_ddp("topk_ef", {"density": 1.0, "value_dtype": "fp32"})
+    res["topk_sparse_path_d1"], _, _ = train_small_ddp(
         "topk_ef", {"density": 1.0, "value_dtype": "fp32", "dense_fallback": False}
     )
     stats: list = []
-    res["topk_1pct"], st, _ = _train("topk_ef", {"density": 0.01}, stats=stats)
+    res["topk_1pct"], st, _ = train_small_ddp("topk_ef", {"density": 0.01}, stats=stats)
     res["topk_1pct_stats"] = stats
     res["topk_1pct_residual_norm"] = st.residuals.norm()
     stats = []
-    res["topk_warmup"], st, _ = _train(
+    res["topk_warmup"], st, _ = train_small_ddp(
         "topk_ef", {"density": 0.01, "warmup_steps": 3, "start_density": 0.9}, stats=stats
     )
     res["topk_warmup_bytes"] = [s["bytes_sent"] for s in stats]
     dgc = {"density": 0.05, "momentum": 0.9, "clip_norm": 0.5, "warmup": "exponential", "warmup_steps": 3}
     dgc["start_density"] = 0.25
-    res["topk_dgc"], st, _ = _train("topk_ef", dgc)
+    res["topk_dgc"], st, _ = train_small_ddp("topk_ef", dgc)
     res["topk_dgc_momentum_norm"] = st.momentum_buffers.norm()
-    res["topk_dgc_ref"], _, _ = _train("topk_ef", dgc, steps=4)
-    _, st, model = _train("topk_ef", dgc, steps=2)
+    res["topk_dgc_ref"], _, _ = train_small_ddp("topk_ef", dgc, steps=4)
+    _, st, model = train_small_ddp("topk_ef", dgc, steps=2)
     sd = st.state_dict()
     res["topk_dgc_ckpt_keys"] = sorted(sd)
-    res["topk_dgc_resumed"], _, _ = _train(
+    res["topk_dgc_resumed"], _, _ = train_small_ddp(
         "topk_ef", dgc, steps=2, start_step=2, model_state=model.state_dict(), hook_state=sd
     )
     stats = []
-    res["sign"], _, _ = _train("sign_ef", {"chunk": 256}, stats=stats)
+    res["sign"], _, _ = train_small_ddp("sign_ef", {"chunk": 256}, stats=stats)
     res["sign_stats"] = stats
-    res["fp16"], _, _ = _train("fp16")
-    res["bf16"], _, _ = _train("bf16")
+    res["fp16"], _, _ = train_small_ddp("fp16")
+    res["bf16"], _, _ = train_small_ddp("bf16")
     stats = []
-    res["powerSGD"], _, _ = _train("powerSGD", {"start_powerSGD_iter": 2}, stats=stats)
+    res["powerSGD"], _, _ = train_small_ddp("powerSGD", {"start_powerSGD_iter": 2}, stats=stats)
     res["powerSGD_stats"] = stats
 
     # checkpoint/resume of the error-feedback state: 2 + 2 steps == 4 steps, bit for bit
-    res["topk_resume_ref"], _, _ = _train("topk_ef", {"density": 0.05}, steps=4)
-    _, st, model = _train("topk_ef", {"density": 0.05}, steps=2)
+    res["topk_resume_ref"], _, _ = train_small_ddp("topk_ef", {"density": 0.05}, steps=4)
+    _, st, model = train_small_ddp("topk_ef", {"density": 0.05}, steps=2)
     sd = st.state_dict()
     res["topk_ckpt_keys"] = sorted(sd["residuals"])
     res["topk_ckpt_step"] = sd["step"]
-    res["topk_resumed"], _, _ = _train(
+    res["topk_resumed"], _, _ = train_small_ddp(
         "topk_ef", {"density": 0.05}, steps=2, start_step=2, model_state=model.state_dict(), hook_state=sd
     )
 
@@ -117,14 +71,16 @@ def _scenarios(rank: int, world: int) -> dict:
 
         hier_opts = {"ranks_per_node": 2}
         stats = []
-        res["hier_dense"], st, _ = _train("hierarchical", hier_opts, stats=stats)
+        res["hier_dense"], st, _ = train_small_ddp("hierarchical", hier_opts, stats=stats)
         res["hier_dense_stats"] = stats
         st.close()
-        res["hier_topk_d1"], st, _ = _train(
+        res["hier_topk_d1"], st, _ = train_small_ddp(
             "hierarchical", {**hier_opts, "inter_node": "topk", "density": 1.0}
         )
         st.close()
-        res["hier_topk"], st, _ = _train("hierarchical", {**hier_opts, "inter_node": "topk", "density": 0.05})
+        res["hier_topk"], st, _ = train_small_ddp(
+            "hierarchical", {**hier_opts, "inter_node": "topk", "density": 0.05}
+        )
         st.close()
         intra, inter = node_groups(2)
         g = torch.Generator().manual_seed(rank)
@@ -193,7 +149,7 @@ def test_sparse_exchange_at_full_density_matches_plain_ddp(ranks):
 
 def test_compressed_hooks_train_but_differ_from_dense(ranks):
     plain = _same_on_all_ranks(ranks, "plain")
-    init = torch.cat([p.detach().reshape(-1) for p in _model().parameters()])
+    init = torch.cat([p.detach().reshape(-1) for p in small_mlp().parameters()])
     for key, tol in [("fp16", 1e-2), ("bf16", 5e-2)]:
         torch.testing.assert_close(_same_on_all_ranks(ranks, key), plain, rtol=tol, atol=tol)
     for key in ["topk_1pct", "sign", "powerSGD"]:
