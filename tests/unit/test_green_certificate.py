@@ -235,7 +235,7 @@ def test_the_printed_figures_are_exactly_the_hashed_ones(document, text):
         value = certificate.value_at(document, field)
         if isinstance(value, float):
             assert f'"{field.rsplit(".", 1)[-1]}":{text}' in hashed, field
-        assert text == certificate._scalar_text(value), field
+        assert text == certificate.scalar_text(value), field
 
 
 def test_the_pdf_shows_the_code_the_estimate_labels_the_figures_and_how_to_verify(document, pdf, text):

@@ -1,4 +1,6 @@
-"""NVIDIA GPUs through NVML (``nvidia-ml-py``, imported as ``pynvml``).
+"""NVIDIA GPUs through NVML (``nvidia-ml-py``, imported as ``pynvml``), on the engines' NVML adapter
+(:class:`workers.devices.nvml.NvmlSession`: initialisation, devices, temperature, power; the health queries
+below through its ``nv``).
 
 Every NVML call is guarded on its own: a GPU or driver that does not support a query
 (``NVMLError_NotSupported``: retired pages on Ampere and newer, which remap rows instead; NVLink counters on
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers.devices.nvml import NvmlSession, NvmlUnavailable
 from workers.reliability.telemetry.base import Collector, Reading
 
 METRICS = tuple(
@@ -157,6 +160,7 @@ class NvmlCollector(Collector):
 
     def __init__(self, indices: list[int] | None = None):
         self._nv: Any = None
+        self._session: NvmlSession | None = None
         self._ok = False
         self._why = ""
         self._event_set = None
@@ -165,34 +169,24 @@ class NvmlCollector(Collector):
         self.xid_last: dict[int, int] = {}
         self._xid_absent = ""
         try:
-            import pynvml
-        except ImportError:
-            self._why = "nvidia-ml-py is not installed (pip install nvidia-ml-py): NVML cannot be read"
+            session = NvmlSession()
+        except NvmlUnavailable as exc:
+            self._why = str(exc)
             return
-        nv = self._nv = pynvml
+        self._session, self._nv = session, session.nv
         try:
-            nv.nvmlInit()
-        except nv.NVMLError as exc:
-            missing = isinstance(exc, getattr(nv, "NVMLError_LibraryNotFound", ()))
-            hint = ": no NVIDIA driver (libnvidia-ml.so.1) on this machine" if missing else ""
-            self._why = f"NVML did not initialise ({exc}){hint}"
-            return
-        try:
-            count = nv.nvmlDeviceGetCount()
+            count = session.device_count()
             chosen = list(range(count)) if indices is None else list(indices)
             for i in chosen:
                 if not 0 <= i < count:
                     raise ValueError(f"NVML has {count} GPU(s); index {i} is not one of them")
-                handle = nv.nvmlDeviceGetHandleByIndex(i)
-                name = nv.nvmlDeviceGetName(handle)
-                self.gpus.append(
-                    {"index": i, "handle": handle, "name": name.decode() if isinstance(name, bytes) else name}
-                )
+                handle = session.handle(i)
+                self.gpus.append({"index": i, "handle": handle, "name": session.name(handle)})
         except Exception:
-            nv.nvmlShutdown()
+            session.close()
             raise
         if not self.gpus:
-            nv.nvmlShutdown()
+            session.close()
             self._why = "NVML initialised but this node has no NVIDIA GPU"
             return
         self._ok = True
@@ -201,9 +195,7 @@ class NvmlCollector(Collector):
     def available(self) -> tuple[bool, str]:
         if not self._ok:
             return False, self._why
-        driver = self._nv.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        return True, f"NVML, driver {driver}, {len(self.gpus)} GPU(s)"
+        return True, f"NVML, driver {self._session.driver_version()}, {len(self.gpus)} GPU(s)"
 
     # -------------------------------------------------------------------------------------------- XIDs
 
@@ -279,10 +271,10 @@ class NvmlCollector(Collector):
     def _sample_gpu(self, g: dict[str, Any], r: Reading) -> None:
         nv, h, p = self._nv, g["handle"], f"gpu.{g['index']}."
         r.info[p + "name"] = g["name"]
-        temp = self._call(r, p + "temp_C", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+        temp = self._call(r, p + "temp_C", self._session.temperature_c, h)
         if temp is not None:
             r.put(p + "temp_C", temp)
-        mw = self._call(r, p + "power_W", nv.nvmlDeviceGetPowerUsage, h)
+        mw = self._call(r, p + "power_W", self._session.power_mw, h)
         if mw is not None:
             r.put(p + "power_W", mw / 1000.0)
         for clock, metric in ((nv.NVML_CLOCK_SM, "sm_clock_MHz"), (nv.NVML_CLOCK_MEM, "mem_clock_MHz")):
@@ -397,8 +389,5 @@ class NvmlCollector(Collector):
             except nv.NVMLError:
                 pass
             self._event_set = None
-        try:
-            nv.nvmlShutdown()
-        except nv.NVMLError:
-            pass
+        self._session.close()
         self._why = "closed"
