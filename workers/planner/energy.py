@@ -70,7 +70,7 @@ def _number(value: Any, name: str, *, low: float = 0.0, low_inclusive: bool = Tr
     return float(value)
 
 
-def _unpack(plan_or_prediction: Plan | Mapping[str, Any]) -> tuple[Mapping[str, Any], int | None]:
+def unpack_plan(plan_or_prediction: Plan | Mapping[str, Any]) -> tuple[Mapping[str, Any], int | None]:
     """(predicted figures, device count from the strategy or None) of a Plan, a plan.json dict or a bare
     ``predicted`` dict."""
     if isinstance(plan_or_prediction, Plan):
@@ -167,7 +167,7 @@ def predict_energy(
     "notes"}``: every figure of the block is a prediction from those inputs. kWh figures are IT energy of
     the devices unless named ``facility_``; carbon is on facility energy (location-based).
     """
-    predicted, devices = _unpack(plan_or_prediction)
+    predicted, devices = unpack_plan(plan_or_prediction)
     if num_devices is not None:
         devices = num_devices
     if devices is None:

@@ -573,7 +573,7 @@ def plan_visuals(
         "note": note,
     }
     placement = placement_map(_devices_taken(cluster, strategy), strategy, max_nodes=max_nodes)
-    # the plan's cross-switch bytes against the topology-blind placement (search.py _placement), if costed
+    # the plan's cross-switch bytes against the topology-blind placement (search/plans.py _placement), if costed
     placement["traffic"] = pred.get("placement")
     return {
         "schedule": schedule,

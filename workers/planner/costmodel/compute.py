@@ -1,0 +1,183 @@
+"""Compute: GEMM efficiency and time, the forward FLOPs of a sequence, and the seconds one device spends
+computing one micro-batch (communication left out), the runtime's host-side costs and the optimizer step
+(:class:`ComputeCosts`, a part of :class:`~.step.CostModel`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..hardware import Efficiency
+from .collectives import all_reduce_time
+from .layouts import Layouts, layer_passes, recompute_flags
+from .placement import GroupLinks
+
+
+def gemm_efficiency(eff: Efficiency, m, n, k) -> np.ndarray:
+    """Achieved / peak for an (m x k) @ (k x n) GEMM: a saturating curve in arithmetic intensity
+    I = mnk / (mk + kn + mn) (roofline, Williams et al. 2009; smooth blend calibrated per device)."""
+    intensity = 1.0 / (1.0 / m + 1.0 / n + 1.0 / k)
+    return eff.gemm_max * intensity / (intensity + eff.gemm_half_intensity)
+
+
+def gemm_time(eff: Efficiency, peak_flops: float, count, m, n, k) -> np.ndarray:
+    """Seconds for ``count`` GEMMs of shape (m, n, k) at 2mnk FLOPs each."""
+    m = np.maximum(m, 1.0)
+    return count * 2.0 * m * n * k / (peak_flops * gemm_efficiency(eff, m, n, k))
+
+
+class ComputeCosts:
+    """The compute terms of :class:`~.step.CostModel` (a mixin: it reads what ``CostModel.__init__`` sets,
+    the model, training, efficiency, peak FLOP/s, memory bandwidth and byte sizes, and the step's
+    ``tokens_per_micro_batch`` and ``moe_load``, and the memory part's ``layer_activation_bytes``)."""
+
+    # ---------------------------------------------------------------- FLOPs
+    def forward_flops_per_sequence(self) -> dict[str, float]:
+        """Forward FLOPs of one sequence through the whole model (2 FLOPs per multiply-add), by part:
+        ``layers`` (GEMMs incl. the s^2 attention term), ``core`` (the attention-score part of it) and
+        ``logits``. Narayanan et al. SC'21 eq. (3) for dense GPT: 24 s h^2 + 4 s^2 h per layer, 2 s h V."""
+        m = self.model
+        s, h, hd = m.seq_length, m.hidden_size, m.head_dim
+        kvd = m.num_kv_heads * hd
+        qkv = 2 * s * h * (h + 2 * kvd)
+        core = 2 * 2 * s * s * h  # QK^T and attention-over-V
+        proj = 2 * s * h * h
+        dense_mlp = 2 * s * h * m.ffn_hidden_size * self.mats
+        layers = m.num_layers * (qkv + core + proj) + self.n_dense * dense_mlp
+        if m.moe:
+            fe = m.moe.expert_ffn_hidden_size
+            # top-k routed experts plus shared experts and the router (Fedus et al. 2022; activated params)
+            per_token = (
+                2 * h * fe * self.mats * (m.moe.top_k + m.moe.num_shared_experts) + 2 * h * m.moe.num_experts
+            )
+            layers += self.n_moe * s * per_token
+        logits = 2 * s * h * m.vocab_size
+        return {"layers": float(layers), "core": float(m.num_layers * core), "logits": float(logits)}
+
+    # ---------------------------------------------------------------- time
+    def _layer_gemm_times(self, L: Layouts) -> dict[str, np.ndarray]:
+        """Forward GEMM seconds of one layer and one micro-batch on one device."""
+        m, eff, P = self.model, self.eff, self.peak_flops
+        h, a, hd, s = m.hidden_size, m.num_attention_heads, m.head_dim, m.seq_length
+        kvd = m.num_kv_heads * hd
+        t = L.tp.astype(np.float64)
+        b = L.mbs.astype(np.float64)
+        s_loc = s / L.cp.astype(np.float64)
+        T = b * s_loc
+        qkv = gemm_time(eff, P, 1.0, T, (h + 2 * kvd) / t, h)
+        scores = gemm_time(eff, P, b * a / t, s_loc, s, hd)
+        context = gemm_time(eff, P, b * a / t, s_loc, hd, s)
+        proj = gemm_time(eff, P, 1.0, T, h, h / t)
+        f = m.ffn_hidden_size
+        mlp = gemm_time(eff, P, 1.0, T, (self.mats - 1) * f / t, h) + gemm_time(eff, P, 1.0, T, h, f / t)
+        out = {"attn": qkv + proj, "core": scores + context, "dense_mlp": mlp}
+        if m.moe:
+            E, fe = m.moe.num_experts, m.moe.expert_ffn_hidden_size
+            local = E / L.ep
+            # tokens one local expert sees on the busiest rank; expert tensor parallelism = tp
+            tok = T * m.moe.top_k * self.moe_load(L) * L.ep / E
+            experts = gemm_time(eff, P, local, tok, (self.mats - 1) * fe / t, h) + gemm_time(
+                eff, P, local, tok, h, fe / t
+            )
+            ns = m.moe.num_shared_experts
+            shared = 0.0
+            if ns:
+                shared = gemm_time(eff, P, 1.0, T, (self.mats - 1) * fe * ns / t, h) + gemm_time(
+                    eff, P, 1.0, T, h, fe * ns / t
+                )
+            router = gemm_time(eff, P, 1.0, T, E, h)
+            out["moe_mlp"] = experts + shared + router
+        else:
+            out["moe_mlp"] = out["dense_mlp"]
+        out["logits"] = gemm_time(eff, P, 1.0, T, m.vocab_size / t, h)
+        return out
+
+    def compute_times(self, L: Layouts, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Seconds of one micro-batch on one device, communication left out: ``dense_layer`` and
+        ``moe_layer`` (GEMMs ``g`` from :meth:`_layer_gemm_times` and memory-bound kernels, over forward,
+        backward and recompute), ``embedding`` (first stage), ``logits`` (logits and loss, last stage) and
+        ``edge`` (the larger of the two when pp > 1, their sum when pp == 1)."""
+        m, eff = self.model, self.eff
+        h = m.hidden_size
+        t = L.tp.astype(np.float64)
+        p = L.pp.astype(np.float64)
+        T = self.tokens_per_micro_batch(L)
+        _full, sel = recompute_flags(L)
+        sp = L.sp.astype(bool)
+        passes = layer_passes(L)
+
+        # memory-bound kernels: traffic proportional to the activations they produce (forward), 2x backward
+        act = self.layer_activation_bytes(L)
+        rep = np.where(sp, act["replicated"] / t, act["replicated"])
+        ew = eff.elementwise_traffic / self.mem_bw
+        ew_core = ew * act["core"] / t
+        ew_dense = ew * (rep + act["dense_split"] / t) + ew_core
+        ew_moe = ew * (rep + act["moe_split"] / t) + ew_core
+
+        dense_layer = (
+            passes * (g["attn"] + g["dense_mlp"] + g["core"])
+            + sel * g["core"]
+            + passes * ew_dense
+            + sel * ew_core
+        )
+        moe_layer = (
+            passes * (g["attn"] + g["moe_mlp"] + g["core"])
+            + sel * g["core"]
+            + passes * ew_moe
+            + sel * ew_core
+        )
+        # logits GEMM forward + backward, and the fp32 softmax/cross-entropy over T x V/t (a few passes)
+        logits = 3.0 * g["logits"] + 3 * 4.0 * T * m.vocab_size / t / self.mem_bw
+        embedding = 2 * T * h * self.act_bytes / t / self.mem_bw
+        edge = np.where(p > 1, np.maximum(logits, embedding), logits + embedding)
+        return {
+            "dense_layer": dense_layer,
+            "moe_layer": moe_layer,
+            "edge": edge,
+            "embedding": embedding,
+            "logits": logits,
+        }
+
+    def framework_times(self, L: Layouts, tp_links: GroupLinks) -> dict[str, np.ndarray]:
+        """The runtime's host-side seconds (:class:`~.hardware.Framework`, zeros when not measured): ``layer``
+        per layer and micro-batch (scaled by the layer's passes: a recompute, full or selective, runs a fourth), ``edge``
+        per micro-batch on the last stage (embedding, head, loss), ``step_layer`` per layer of the stage
+        and ``step_fixed`` per step (gradient norm, optimizer loop, the step's small all-reduce), and
+        ``tp_latency``: the start-up of the tp collectives of one layer and micro-batch, which the measured
+        tp passes already hold; ``compute_scale``: the factor on the modelled compute. The tp figures were
+        measured at tp = 2 and serve every tp > 1."""
+        fw = self.fw
+        zero = np.zeros_like(L.tp, dtype=np.float64)  # the layouts' (broadcasting) shape
+        if not fw.measured:
+            return {k: zero for k in ("layer", "edge", "step_layer", "step_fixed", "tp_latency")} | {
+                "compute_scale": zero + 1.0
+            }
+        tp_on = L.tp > 1
+        full, sel = recompute_flags(L)
+        # host-side, selective recompute costs what full does: the runtime's op-level policy
+        # (training/parallel/activation_checkpoint.py) re-runs every operator of the block but the matmuls,
+        # whose saved outputs it still dispatches for
+        host_passes = (3.0 + full + sel) / 3.0
+        world = (L.tp * L.pp * L.dp * L.cp).astype(np.float64)
+        # the start-up of one tp collective: an all-reduce of nothing; (4 + 2 full) of them per layer
+        tp_latency = np.where(tp_on, (4.0 + 2.0 * full) * all_reduce_time(tp_links, 0.0), 0.0)
+        ddp_on = (L.dp * L.cp > 1) & (L.zero == 0) & ~tp_on  # the runtime's DDP wrapper
+        plain = np.where(ddp_on & (fw.dp_layer_pass_s > 0), fw.dp_layer_pass_s, fw.layer_pass_s)
+        return {
+            "layer": np.where(tp_on, fw.tp_layer_pass_s, plain) * host_passes,
+            "edge": np.where(tp_on, fw.tp_edge_pass_s, fw.edge_pass_s) + zero,
+            "step_layer": np.where(tp_on, fw.tp_step_layer_s, fw.step_layer_s) + zero,
+            "step_fixed": fw.step_fixed_s + np.where(world > 1, fw.step_collective_s, 0.0),
+            "tp_latency": tp_latency,
+            "compute_scale": fw.compute_scale + zero,
+        }
+
+    def optimizer_time(self, L: Layouts, params: dict[str, np.ndarray]) -> np.ndarray:
+        """Seconds of the optimizer step on one device for the stage ``params`` (ZeRO >= 1: its shard)."""
+        dpcp = (L.dp * L.cp).astype(np.float64)
+        edp = dpcp / L.ep
+        # optimizer step: memory bound, ~28 bytes moved per mixed-precision Adam parameter
+        # (read master, m, v, grad; write master, m, v, 16-bit copy)
+        opt_params = np.where(
+            L.zero >= 1, params["dense"] / dpcp + params["expert"] / edp, params["dense"] + params["expert"]
+        )
+        return opt_params * (2 * self.optimizer_bytes + 2 * self.weight_bytes) / self.mem_bw
