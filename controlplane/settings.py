@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "controlplane.clusters",
     "controlplane.planning",
     "controlplane.jobs",
+    "controlplane.failures",  # the failure-pattern knowledge base (incident lists)
     "controlplane.green",
     "controlplane.live",
     "django_prometheus",  # /metrics: request and response figures (controlplane/metrics.py)
@@ -132,7 +133,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- green training ------------------------------------------------------------------------------------
 # The grid zone a job's energy is turned into carbon for, unless its request says otherwise: GB's shipped
 # 2020 history (labelled "history used as a stand-in") when no live provider is configured
-# (workers/green/providers.py: ELECTRICITYMAPS_TOKEN, WATTTIME_USERNAME/PASSWORD, CANN_TRAIN_UK_CARBON_INTENSITY).
+# (workers/green/providers/: ELECTRICITYMAPS_TOKEN, WATTTIME_USERNAME/PASSWORD, CANN_TRAIN_UK_CARBON_INTENSITY).
 GREEN_DEFAULT_ZONE = os.environ.get("CANN_TRAIN_GRID_ZONE", "GB")
 # fault risk (workers/reliability/risk_watch.py): each node's telemetry interval, and the failure model
 # (a directory written by 'cann-train faults train --out DIR'; none: risk is the straggler score alone)

@@ -16,9 +16,9 @@ from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz
 from controlplane.common.middleware import csp_update
 from controlplane.dashboard.views import dashboard, green_page
+from controlplane.failures import apis as failure_pattern_apis
+from controlplane.failures import views as failure_views
 from controlplane.green.views import green_report
-from controlplane.jobs import failure_pattern_apis
-from controlplane.jobs import views as job_views
 from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.metrics import metrics_view, register_product_metrics
 from controlplane.planning.apis import EvaluateApi, ModelSpecViewSet, PlanViewSet, StrategySearchViewSet
@@ -87,8 +87,8 @@ urlpatterns = [
     path("planning/", include("controlplane.planning.urls")),
     path("green/", green_page, name="green"),
     path("green/reports/<str:code>/", green_report, name="green-report"),
-    path("failure-patterns/", job_views.failure_pattern_list, name="failure-pattern-list"),
-    path("failure-patterns/<str:key>/", job_views.failure_pattern_detail, name="failure-pattern-detail"),
+    path("failure-patterns/", failure_views.failure_pattern_list, name="failure-pattern-list"),
+    path("failure-patterns/<str:key>/", failure_views.failure_pattern_detail, name="failure-pattern-detail"),
     path("healthz", healthz, name="healthz"),
     # Prometheus, for operators (every team's figures): a bearer METRICS_TOKEN, or loopback only without one
     path("metrics", metrics_view, name="metrics"),

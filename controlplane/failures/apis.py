@@ -13,8 +13,8 @@ from rest_framework.views import APIView
 
 from controlplane.common.api import NameField, Pagination, TeamField, only_team_of
 from controlplane.common.documents import StrictFieldsMixin
-from controlplane.jobs import selectors, services
-from controlplane.jobs.models import FailureIncident
+from controlplane.failures import selectors, services
+from controlplane.failures.models import FailureIncident
 from workers.reliability.risk.patterns import ACTIONS, pattern_key
 
 DEFAULT_SOURCE = "pasted incident list"

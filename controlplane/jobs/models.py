@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from controlplane.common.models import JobState, LongRunningJob, TeamOwned
+from controlplane.common.models import JobState, LongRunningJob
 
 # restart policy defaults: torchrun's own elastic agent restarts a worker group up to --max-restarts times
 # (default 0); 3 rides out the interruption rate Meta reports for Llama 3 (419 in 54 days on 16K GPUs,
@@ -308,30 +308,3 @@ class JobSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} snapshot {self.name}"
-
-
-class FailureIncident(TeamOwned):
-    """One failure of one node from an incident list a team imported (``POST /api/failure-patterns/incidents/``):
-    the failure-pattern knowledge base (``workers.reliability.risk.patterns``) counts them per kind. ``kind``
-    is kept as written; the pattern it belongs to is matched when the patterns are read."""
-
-    node = models.CharField(max_length=200)
-    occurred_at = models.DateTimeField()
-    kind = models.CharField(max_length=200, help_text="as the incident list wrote it")
-    source = models.CharField(max_length=200, help_text="the incident list's file name")
-    line = models.PositiveIntegerField(help_text="its line in that file")
-    created_by = models.ForeignKey(
-        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-
-    class Meta:
-        ordering = ["-occurred_at", "pk"]
-        constraints = [
-            # an incident list imported twice counts its incidents once
-            models.UniqueConstraint(
-                fields=["team", "node", "occurred_at", "kind"], name="unique_team_incident"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.kind} on {self.node} at {self.occurred_at:%Y-%m-%d %H:%M}"

@@ -275,6 +275,7 @@ def world(live_stack, make_member, token_for) -> World:
 
     from controlplane.accounts.services import token_issue
     from controlplane.clusters.models import Cluster, HardwareProfile
+    from controlplane.failures import services as failure_services
     from controlplane.green import services as green_services
     from controlplane.green.models import GreenCertificate
     from controlplane.jobs import services as job_services
@@ -382,7 +383,7 @@ def world(live_stack, make_member, token_for) -> World:
         document={"issued_at": timezone.now().replace(microsecond=0).isoformat(), "results": {}},
         pdf=b"%PDF-1.7",
     ).code
-    job_services.incidents_import(
+    failure_services.incidents_import(
         team=team, text=f"node,time,kind\nnode-a,2026-01-02T00:00:00Z,{SECRET_KIND}\n", source="alice.csv"
     )
     objects["failure-pattern"] = pattern_key(SECRET_KIND)
@@ -491,8 +492,9 @@ def _items(answer) -> list[dict]:
 def _team_a_ids(path: str, world: World) -> set[int]:
     from controlplane.accounts.models import ApiToken, Team
     from controlplane.clusters.models import Cluster, HardwareProfile
+    from controlplane.failures.models import FailureIncident
     from controlplane.green.models import GreenCertificate, GreenSchedule
-    from controlplane.jobs.models import FailureIncident, TrainingJob
+    from controlplane.jobs.models import TrainingJob
     from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 
     team = Team.objects.get(slug="team-a")

@@ -117,7 +117,7 @@ def test_an_imported_incident_list_extends_the_counts_and_adds_new_kinds(alice_a
     ],
 )
 def test_a_bad_incident_list_is_a_400_naming_the_line_and_stores_nothing(alice_api, text, problem):
-    from controlplane.jobs.models import FailureIncident
+    from controlplane.failures.models import FailureIncident
 
     r = alice_api.post("/api/failure-patterns/incidents/", {"csv": text}, format="json")
     assert r.status_code == 400, r.content

@@ -1,4 +1,4 @@
-"""Power meters (workers/green/power.py): the best source present per component, every absent source named
+"""Power meters (workers/green/power/): the best source present per component, every absent source named
 with its reason, estimates labelled as estimates; RAPL read from a sysfs-shaped directory the test writes
 (a real filesystem read, counter wrap included); npu-smi output parsed from recorded text."""
 

@@ -1,4 +1,4 @@
-"""Power-cap advice (workers/green/powercap.py): Zeus's energy-time cost and the limit it picks from measured
+"""Power-cap advice (workers/green/powercap/): Zeus's energy-time cost and the limit it picks from measured
 profiles (against brute force written here), the plan-based model (its DVFS relation, monotone, labelled a
 model everywhere), `cann-train green powercap` on a plan the planner costs, its refusal to profile where
 this machine has no CUDA / NVML, and NVML itself where an NVIDIA GPU is present."""

@@ -1,7 +1,7 @@
 """Writes for training jobs, one module per job: ``events`` (a job's live events, the retried database
 write), ``submit`` (check, store, launch or schedule), ``lifecycle`` (launch, cancel, fail), ``nodes`` (what
 the nodes report, an attempt settled), ``node_run`` (one node of one attempt: the Celery task's body),
-``orphans`` (jobs whose worker died), ``annotations`` (tags, notes), ``incidents`` (imported failures).
+``orphans`` (jobs whose worker died), ``annotations`` (tags, notes).
 The process supervision itself is the engine's (``workers.training.supervision.supervisor``); these modules
 record what it reports. Recovery, comparisons, schedules and external launchers have their own modules
 beside this package (``controlplane/jobs/``).
@@ -19,13 +19,6 @@ from controlplane.jobs.services.annotations import (
     job_annotate,
 )
 from controlplane.jobs.services.events import DATABASE_RETRY_S, job_event, until_the_database_answers
-from controlplane.jobs.services.incidents import (
-    INCIDENT_TIME_RANGE_S,
-    MAX_INCIDENT_CSV_CHARS,
-    MAX_INCIDENTS_PER_TEAM,
-    MAX_LISTED_PROBLEMS,
-    incidents_import,
-)
 from controlplane.jobs.services.lifecycle import (
     MAX_ACTIVE_JOBS_PER_TEAM,
     cancelled_message,
@@ -110,9 +103,4 @@ __all__ = [
     "node_run",
     "reap_orphans",
     "running_on_node",
-    "MAX_INCIDENT_CSV_CHARS",
-    "MAX_INCIDENTS_PER_TEAM",
-    "MAX_LISTED_PROBLEMS",
-    "INCIDENT_TIME_RANGE_S",
-    "incidents_import",
 ]

@@ -14,6 +14,7 @@ from controlplane.common import logs
 from controlplane.common.models import JobState
 from controlplane.common.redis import redis_client
 from controlplane.jobs.models import JobNode, TrainingJob
+from controlplane.jobs.recovery import elastic_watch_for, risk_watch_for
 from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import until_the_database_answers
 from controlplane.jobs.services.lifecycle import job_dir, job_fail
@@ -27,8 +28,6 @@ log = logging.getLogger(__name__)
 def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     """Run one node's ``torchrun`` agent for a job attempt inside this worker and record what happens:
     started, heartbeats (answering a cancel), exit code, log tail and run summary."""
-    from workers.training.launch import render_torchrun_command, torchrun_env
-
     close_old_connections()
     job = TrainingJob.objects.get(pk=job_id)
     node = JobNode.objects.filter(job=job, attempt=attempt, node_rank=node_rank).first()
@@ -45,17 +44,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     picked_at = timezone.now()
     JobNode.objects.filter(pk=node.pk).update(node_name=supervisor.node_name(), heartbeat_at=picked_at)
     TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=picked_at)
-    from workers.devices.backend import device_memory_GiB, devices_missing, select_device
-    from workers.training.fits import memory_problem
-
-    requested = job.config.get("device", "auto")
-    problem = devices_missing(requested, job.nproc_per_node)
-    if not problem:  # the devices are there: will the job's ranks fit in their memory?
-        kind = select_device(requested).kind
-        problem = memory_problem(
-            job.config, job.nproc_per_node, device_kind=kind, device_memory_GiB=device_memory_GiB(kind)
-        )
-    if problem:
+    if problem := node_refusal(job):
         job_fail(job_id=job.pk, human=problem)
         return "failed"
     workdir = job_dir(job, attempt)
@@ -78,8 +67,6 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
     # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
     summary_path = workdir / f"summary-node{node_rank}.json"
-    from controlplane.jobs.recovery import elastic_watch_for
-
     # the recovery engine: watches the ranks (progress, hangs), fires injected faults, reports faults,
     # recoveries and snapshots (recorded as they come) and the goodput at the end
     try:
@@ -87,10 +74,54 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     except ValueError as exc:  # a fault plan that does not fit the job (checked at submit; kept safe)
         job_fail(job_id=job.pk, human=f"Fault injection: {exc}")
         return "failed"
+    cmd = torchrun_command(job, attempt, node_rank, endpoint, config_path, summary_path, watch)
+    log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
+    outcome = supervised(job, node, attempt, node_rank, workdir, cmd, watch)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    report = None
+    if watch is not None:
+        try:
+            watch.finish()  # the last progress the ranks wrote, and the end of the goodput clock
+            report = watch.report()
+        except Exception:  # noqa: BLE001 - the run's outcome is recorded without it
+            log.warning("job %s node %s: no recovery report", job.pk, node_rank, exc_info=True)
+    until_the_database_answers(
+        lambda: node_finished(
+            node=node,
+            exit_code=outcome.exit_code,
+            cancelled=outcome.cancelled,
+            log_tail=outcome.log_tail,
+            summary=summary,
+            elastic=report,
+        ),
+        what=f"record how job {job.pk} node {node_rank} ended",
+    )
+    return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}"
+
+
+def node_refusal(job: TrainingJob) -> str:
+    """Why this node cannot run the job's ranks ("" when it can): the devices it asks for are missing, or
+    its ranks would not fit in their memory (the planner's rule, ``workers.planner.fits``)."""
+    from workers.devices.backend import device_memory_GiB, devices_missing, select_device
+    from workers.training.fits import memory_problem
+
+    requested = job.config.get("device", "auto")
+    if problem := devices_missing(requested, job.nproc_per_node):
+        return problem
+    kind = select_device(requested).kind
+    return memory_problem(
+        job.config, job.nproc_per_node, device_kind=kind, device_memory_GiB=device_memory_GiB(kind)
+    )
+
+
+def torchrun_command(job, attempt: int, node_rank: int, endpoint: str, config_path, summary_path, watch):
+    """The node's torchrun command line (the warm agent)."""
+    from workers.training.launch import render_torchrun_command
+
     # torchrun restarts the node's ranks from the newest good snapshot, as often as the job has restarts
     # left (a job that takes no snapshots would start over from step 0: it is not restarted)
     max_restarts = restarts_left(job) if watch is not None and job.snapshots_enabled else 0
-    cmd = render_torchrun_command(
+    return render_torchrun_command(
         str(config_path),
         job.nnodes,
         job.nproc_per_node,
@@ -104,17 +135,22 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         # an elastic range: --nnodes MIN:MAX, so the agents re-form the group on the nodes left (and with a
         # node that comes back)
         min_nodes=job.min_nodes if job.elastic else None,
-        # warm agents (workers.training.supervision.agent) for every job: the ranks fork from one import of the runtime
-        # (~4 s of CPU per rank saved at each start and restart here). With plain torchrun the shrink and
-        # regrow of tests/engines/reliability/test_elastic_scaling.py timed out. A killed Celery worker's job once
-        # settled ~100 s later with them (test_chaos); re-measured after the ranks' OpenMP pool fix: 36 s,
-        # against 45 s with plain torchrun.
+        # warm agents (workers.training.supervision.agent) for every job: the ranks fork from one import of
+        # the runtime (~4 s of CPU per rank saved at each start and restart here). With plain torchrun the
+        # shrink and regrow of tests/engines/reliability/test_elastic_scaling.py timed out. A killed Celery
+        # worker's job once settled ~100 s later with them (test_chaos); re-measured after the ranks'
+        # OpenMP pool fix: 36 s, against 45 s with plain torchrun.
         warm=True,
         # node 0 hosts the rendezvous store, never another node (c10d lets the first agent to bind the port
         # host it): the group must not lose its store with a node it can lose (reap_lost_nodes)
         hosts_store=False if job.elastic and node_rank != 0 else None,
     )
-    log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
+
+
+def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
+    """Run ``cmd`` under the engine's supervisor with this node's watches (the elastic watch, the fault-risk
+    loop), its heartbeats (answering a cancel) and its live log; the outcome."""
+    from workers.training.launch import torchrun_env
 
     def beat() -> bool:
         close_old_connections()
@@ -126,8 +162,6 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         if wants_cancel:
             log.info("job %s node %s: cancel requested, stopping the process group", job.pk, node_rank)
         return wants_cancel
-
-    from controlplane.jobs.recovery import risk_watch_for
 
     # the fault-risk loop: this node's telemetry and its ranks' straggler scores, live on the job's stream
     risk = risk_watch_for(job, attempt, node_rank, watch, local_ranks=job.nproc_per_node) if watch else None
@@ -141,7 +175,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     if risk is not None:
         risk.start()
     try:
-        outcome = supervisor.supervise(
+        return supervisor.supervise(
             cmd,
             log_path=workdir / f"node{node_rank}.log",
             cwd=settings.BASE_DIR,
@@ -168,23 +202,3 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
                 log.warning(
                     "job %s node %s: the risk watch did not stop cleanly", job.pk, node_rank, exc_info=True
                 )
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    report = None
-    if watch is not None:
-        try:
-            watch.finish()  # the last progress the ranks wrote, and the end of the goodput clock
-            report = watch.report()
-        except Exception:  # noqa: BLE001 - the run's outcome is recorded without it
-            log.warning("job %s node %s: no recovery report", job.pk, node_rank, exc_info=True)
-    until_the_database_answers(
-        lambda: node_finished(
-            node=node,
-            exit_code=outcome.exit_code,
-            cancelled=outcome.cancelled,
-            log_tail=outcome.log_tail,
-            summary=summary,
-            elastic=report,
-        ),
-        what=f"record how job {job.pk} node {node_rank} ended",
-    )
-    return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}"

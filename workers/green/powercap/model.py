@@ -159,25 +159,11 @@ def anchor(static_share: float = STATIC_SHARE) -> dict[str, Any]:
 
 
 def predicted_and_devices(plan_or_prediction: Any) -> tuple[Mapping[str, Any], int | None]:
-    """(predicted figures, device count from the strategy or None) of a Plan, a plan.json dict or a bare
-    ``predicted`` dict: the planner's energy model reads a plan the same way (``workers/planner/energy.py``)."""
-    from workers.planner.plan import Plan  # the planner (numpy) is imported only where a plan is costed
+    """(predicted figures, device count from the strategy or None): read as the planner's energy model reads
+    a plan (``workers.planner.energy.unpack_plan``), imported lazily (the planner pulls in numpy)."""
+    from workers.planner.energy import unpack_plan
 
-    if isinstance(plan_or_prediction, Plan):
-        s = plan_or_prediction.strategy
-        return plan_or_prediction.predicted, s.tp * s.pp * s.dp * s.cp
-    if not isinstance(plan_or_prediction, Mapping):
-        raise ValueError(
-            f"expected a plan (plan.json) or its predicted figures, got {type(plan_or_prediction).__name__}"
-        )
-    if "predicted" in plan_or_prediction:
-        s = plan_or_prediction.get("strategy") or {}
-        try:
-            devices = int(s["tp"]) * int(s["pp"]) * int(s["dp"]) * int(s.get("cp") or 1)
-        except (KeyError, TypeError, ValueError):
-            devices = None
-        return plan_or_prediction["predicted"] or {}, devices
-    return plan_or_prediction, None
+    return unpack_plan(plan_or_prediction)
 
 
 def predict_powercap(

@@ -1,4 +1,5 @@
-"""Failure incidents a team imports (CSV): its own history of failures, for the failure patterns."""
+"""Writes of the failure-pattern knowledge base: the incident lists a team imports (CSV), its own history of
+failures."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
-from controlplane.jobs.models import FailureIncident
+from controlplane.failures.models import FailureIncident
 
 # --- the failure-pattern knowledge base: a team's imported incidents ---------------------------------
 MAX_INCIDENT_CSV_CHARS = 1_000_000  # ~20,000 incidents of ~50 characters: a large cluster's years of history

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FailuresConfig(AppConfig):
+    name = "controlplane.failures"
+    label = "failures"
