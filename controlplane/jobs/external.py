@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from controlplane.common.models import JobState
 from controlplane.jobs.models import JobNode, TrainingJob
+from controlplane.jobs.services.events import job_event
 from workers.deploy import launchers as vocab
 from workers.deploy.launchers import ExternalState, SchedulerError
 
@@ -199,7 +200,7 @@ def deployment_for(job: TrainingJob, attempt: int, launcher: str):
 
 def launch_attempt(*, job_id: int, attempt: int, launcher: str | None = None) -> str:
     """Submit a queued attempt to the scheduler (``launcher``, default ``settings.JOB_LAUNCHER``)."""
-    from controlplane.jobs.services import job_event, job_fail
+    from controlplane.jobs.services import job_fail
     from workers.deploy.render import describe
     from workers.training.config import ConfigError
 
@@ -297,7 +298,7 @@ def follow_external_jobs(*, now=None) -> list[int]:
 
 def follow(job: TrainingJob, backend, *, now) -> bool:
     """Move one job along what its scheduler says; True when it ended."""
-    from controlplane.jobs.services import job_event, job_fail
+    from controlplane.jobs.services import job_fail
     from controlplane.live.services import publish
 
     title = TITLE[job.launcher]

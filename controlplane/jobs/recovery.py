@@ -27,6 +27,7 @@ from rest_framework.exceptions import APIException, ValidationError
 from controlplane.common.models import JobState
 from controlplane.jobs.models import FaultKind, JobFault, JobSnapshot, SnapshotKind, TrainingJob
 from controlplane.jobs.selectors import fault_values, restarts_left, snapshot_rows, snapshot_values
+from controlplane.jobs.services.events import job_event
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,6 @@ def _int_or_none(value) -> int | None:
 
 def _float_or_none(value) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _event(job: TrainingJob, values: dict) -> None:
-    from controlplane.jobs.services import job_event
-
-    job_event(job, values)
 
 
 # --- what the recovery engine reports -----------------------------------------------------------------
@@ -138,7 +133,7 @@ def record_fault(*, job_id: int, attempt: int, fault: dict, node_rank: int | Non
             job.state = JobState.RECOVERING
             job.save(update_fields=["state", "updated_at"])
             values["state"] = JobState.RECOVERING.value
-        _event(job, values)
+        job_event(job, values)
     return row
 
 
@@ -159,7 +154,7 @@ def record_recovery(*, job_id: int, attempt: int, recovery: dict) -> JobFault:
             job.state = JobState.RUNNING
             job.save(update_fields=["state", "updated_at"])
             values["state"] = JobState.RUNNING.value
-        _event(job, values)
+        job_event(job, values)
     return row
 
 
@@ -201,7 +196,7 @@ def record_snapshot(*, job_id: int, attempt: int, snapshot: dict) -> JobSnapshot
         job = TrainingJob.objects.get(pk=job_id)
         row = _snapshot_row(job, attempt, snapshot)
         if row is not None:
-            _event(job, {"snapshot": snapshot_values(row), "attempt": attempt})
+            job_event(job, {"snapshot": snapshot_values(row), "attempt": attempt})
     return row
 
 
@@ -440,7 +435,7 @@ def resume_after_worker_lost(*, job_id: int, cause: str) -> str:
         )
         job.state = JobState.RECOVERING
         job.save(update_fields=["state", "updated_at"])
-        _event(job, {"state": "recovering", "attempt": job.attempts, "fault": fault_values(fault)})
+        job_event(job, {"state": "recovering", "attempt": job.attempts, "fault": fault_values(fault)})
         job_launch(
             job=job,
             automatic=True,
@@ -478,7 +473,7 @@ def record_node_lost(*, job: TrainingJob, node, message: str) -> JobFault:
         node_rank=node.node_rank,
         node_name=node.node_name,
     )
-    _event(
+    job_event(
         job,
         {
             "fault": fault_values(fault),
@@ -540,7 +535,7 @@ def node_drain(*, job_id: int, attempt: int, node_name: str, reason: str) -> dic
             node_name=node.node_name,
         )
         note = f"node {node.node_name} (node rank {node.node_rank}) drained: the job goes on on {len(going_on)} node(s)"
-        _event(job, {"fault": fault_values(fault), "attempt": attempt, "message": f"{note}."})
+        job_event(job, {"fault": fault_values(fault), "attempt": attempt, "message": f"{note}."})
     return {"status": "done", "note": note, "node_rank": node.node_rank, "nodes_left": len(going_on)}
 
 
@@ -663,7 +658,7 @@ def _grow(job_id: int, node_queues: list[str]) -> list[str]:
             rank += 1
         if joining:
             names = [q.removeprefix(NODE_QUEUE_PREFIX) for q in joining]
-            _event(
+            job_event(
                 job,
                 {
                     "attempt": attempt,
@@ -712,7 +707,7 @@ def settle_worker_lost(*, job_id: int, events: list[dict]) -> None:
             row.rto_s = max(0.0, (row.recovered_at - row.detected_at).total_seconds())
             row.save()
             job = TrainingJob.objects.get(pk=job_id)
-            _event(job, {"recovery": fault_values(row), "attempt": first["values"]["attempt"]})
+            job_event(job, {"recovery": fault_values(row), "attempt": first["values"]["attempt"]})
 
 
 def job_restore(*, job: TrainingJob, snapshot: str) -> TrainingJob:

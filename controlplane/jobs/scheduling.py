@@ -31,6 +31,7 @@ from rest_framework.exceptions import ValidationError
 from controlplane.common.api import TooMuchQueuedWork
 from controlplane.common.models import JobState
 from controlplane.jobs.models import TrainingJob
+from controlplane.jobs.services.events import job_event
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +170,6 @@ def carbon_aware_schedule(*, team, user, name: str, config: dict, plan: dict | N
 # --- the relay's tick ---------------------------------------------------------------------------------
 
 
-def _event(job: TrainingJob, values: dict) -> None:
-    from controlplane.jobs.services import job_event
-
-    job_event(job, values)
-
-
 def launch_due(now: datetime | None = None) -> list[int]:
     """Launch every scheduled job whose slot has opened (or whose window has passed); the ids launched."""
     from controlplane.jobs.services import job_launch
@@ -231,7 +226,7 @@ def pause_at_slot_end(now: datetime | None = None) -> list[int]:
             job.slot_end_at = None
             if upcoming is None:
                 job.save(update_fields=["slot_end_at", "updated_at"])
-                _event(
+                job_event(
                     job,
                     {
                         "state": job.state,
@@ -247,12 +242,12 @@ def pause_at_slot_end(now: datetime | None = None) -> list[int]:
                 job.state = JobState.SCHEDULED
                 job.nodes.filter(attempt=job.attempts, state=JobState.QUEUED).update(state=JobState.CANCELLED)
                 job.save()
-                _event(job, {"state": "scheduled", "attempt": job.attempts, "message": message})
+                job_event(job, {"state": "scheduled", "attempt": job.attempts, "message": message})
             else:
                 job.pause_requested = True
                 job.cancel_requested = True  # the supervisor stops its ranks as for a cancel
                 job.save()
-                _event(job, {"pausing": True, "attempt": job.attempts, "message": message})
+                job_event(job, {"pausing": True, "attempt": job.attempts, "message": message})
             paused.append(job.pk)
     return paused
 
