@@ -275,7 +275,7 @@ KERNELS_FOR = native_ops.kernels_for
 
 
 def _e2e_ranks(rank: int, world: int) -> dict:
-    from tests.engines.training.comm.test_comm_hooks import _train
+    from tests.engines.training.comm.small_ddp import train_small_ddp
 
     res = {}
     for hook, options in E2E_CASES.items():
@@ -283,7 +283,7 @@ def _e2e_ranks(rank: int, world: int) -> dict:
             if path == "torch":  # what a CUDA/NPU bucket gets, forced on these CPU buckets
                 native_ops.kernels_for = lambda *buffers, inputs=(): reference
             try:
-                res[f"{hook}/{path}"], state, _ = _train(hook, options)
+                res[f"{hook}/{path}"], state, _ = train_small_ddp(hook, options)
             finally:
                 native_ops.kernels_for = KERNELS_FOR
             if hasattr(state, "close"):
@@ -293,10 +293,10 @@ def _e2e_ranks(rank: int, world: int) -> dict:
 
 @pytest.mark.slow
 def test_ddp_with_the_torch_path_trains_exactly_as_with_the_cpp_kernels(native):
-    from tests.engines.training.comm.test_comm_hooks import _model
+    from tests.engines.training.comm.small_ddp import small_mlp
 
     ranks = spawn_ranks(_e2e_ranks, 2)
-    init = torch.cat([p.detach().reshape(-1) for p in _model().parameters()])
+    init = torch.cat([p.detach().reshape(-1) for p in small_mlp().parameters()])
     for hook in E2E_CASES:
         cpp = ranks[0][f"{hook}/cpp"]
         assert not torch.equal(cpp, init), f"{hook} did not train"

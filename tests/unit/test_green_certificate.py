@@ -1,4 +1,4 @@
-"""The energy and carbon report (workers/green/certificate.py): built from a real EnergyAccount fed synthetic
+"""The energy and carbon report (workers/green/certificate/): built from a real EnergyAccount fed synthetic
 readings over the shipped 2020 GB history, it verifies against its recomputation; a single altered figure or
 input fails both ways (the code no longer matches, the recomputation differs) with the field named; another
 secret fails; the PDF prints the code, the estimate labels and exactly the hashed figures, and a PDF rendered

@@ -1,14 +1,15 @@
 """The training loop. Built from small components (device, model, data, parallelize, metrics) like
 torchtitan's ``Trainer``; ``train()`` is: maybe resume -> ``train_step`` per step -> publish figures.
 
-Snapshots (``snapshot_every``, ``resume``): :meth:`Trainer.snapshot_state` is everything needed to continue
-bit for bit, in the layout this rank holds it (model and optimizer through DCP's ``get_state_dict``, so
-FSDP2/TP DTensors stay sharded; step, data position and LR schedule; this rank's RNG streams and comm-hook
-residuals), and :meth:`Trainer.restore_state` puts it back; ``workers.training.checkpoint`` stages, writes,
-verifies and reshards it. With ``snapshot_delta: log`` the snapshots between full ones are logs: each step's
-gradients, as ``optimizer.step()`` consumed them, are copied (``record_gradients``), a log holds them plus
-:meth:`Trainer.log_state`, and a resume replays them on the chain's full snapshot. :meth:`Trainer.state_dict`
-is the same state for an in-memory copy."""
+Snapshots (``snapshot_every``, ``resume``) are :class:`~workers.training.train_state.TrainState`'s, beside
+the loop (``Trainer.train_state``, as torchtitan's ``CheckpointManager``): :meth:`Trainer.snapshot_state` is
+everything needed to continue bit for bit, in the layout this rank holds it (model and optimizer through
+DCP's ``get_state_dict``, so FSDP2/TP DTensors stay sharded; step, data position and LR schedule; this rank's
+RNG streams and comm-hook residuals), and :meth:`Trainer.restore_state` puts it back;
+``workers.training.checkpoint`` stages, writes, verifies and reshards it. With ``snapshot_delta: log`` the
+snapshots between full ones are logs: each step's gradients, as ``optimizer.step()`` consumed them, are
+copied (``record_gradients``), a log holds them plus :meth:`Trainer.log_state`, and a resume replays them on
+the chain's full snapshot. :meth:`Trainer.state_dict` is the same state for an in-memory copy."""
 
 from __future__ import annotations
 
@@ -20,17 +21,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
@@ -38,19 +31,9 @@ from torch.nn.parallel import DistributedDataParallel
 from workers.devices import backend as device_mod
 from workers.green.job import JobEnergy
 from workers.training import system_metrics
-from workers.training.checkpoint import SnapshotInfo, SnapshotManager, SnapshotRecord
-from workers.training.checkpoint.gradlog import group_hyper, replay
+from workers.training.checkpoint import SnapshotInfo, SnapshotManager
 from workers.training.checkpoint.memory import MemorySnapshots
-from workers.training.checkpoint.state import (
-    capture_rng,
-    pack_tensors,
-    restore_rng,
-    state_module,
-    suffix_keys,
-    unpack_tensors,
-    unsuffix_keys,
-)
-from workers.training.checkpoint.storage import list_snapshots, snapshot_name, step_of
+from workers.training.comm.stats import measured_overlap, run_comm_figures, step_comm_figures
 from workers.training.config import JobConfig
 from workers.training.data import ShardedTokenLoader, TokenCorpus
 from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
@@ -71,17 +54,11 @@ from workers.training.supervision.progress import (
 )
 from workers.training.supervision.snapshot_now import SnapshotRequests
 from workers.training.supervision.step_times import StepTimesWriter, blocking_wait
+from workers.training.train_state import TrainState
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LOG_EVERY_S = 2.0
 """Rank 0 prints a progress line at most this often (and for the first and last step): the job's log."""
-SNAPSHOT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-"""Optimizer state keyed ``state.<fqn>.<name>`` / ``param_groups.<fqn>.<name>``: pipeline stages' entries
-never collide, and a snapshot loads on another layout by parameter name."""
-BUFFERS_OPTIONS = StateDictOptions(strict=False)
-"""Putting back a log's model entries: its buffers only (the parameters come from the replay)."""
-SNAPSHOT_GROUP_TIMEOUT = timedelta(minutes=10)
-"""Timeout of the snapshot process group's collectives (planning, the final gather of write results)."""
 
 
 @dataclass
@@ -151,7 +128,6 @@ class Trainer:
         self.snapshot_requests = SnapshotRequests.from_env() if local_rank == 0 else None
         """Local rank 0 of each node: the node's supervisor may ask for a snapshot now (a prevention action,
         :mod:`workers.training.supervision.snapshot_now`); the step's packed all-reduce carries it to every rank."""
-        self._snapshot_now = False
         if self.progress is not None:
             self.progress.event("start", t=process_start_unix())
         torch.manual_seed(cfg.seed)
@@ -229,48 +205,20 @@ class Trainer:
         self.publish_seconds = 0.0
         """Training-thread time spent building and handing over ``train`` events (the overhead bench)."""
         self.history: list[StepResult] = []
-        self._state_module = state_module(self.pm.raw_parts)
-        self._expert_fqns, self._expert_suffix = self._per_rank_chunks()
-        self._param_fqns, self._log_params = self._parameter_keys()
-        self._group_of = {id(p): i for i, g in enumerate(self.optimizer.param_groups) for p in g["params"]}
         self.grad_sync = next((st for st in self.pm.comm_states if hasattr(st, "bind_optimizer")), None)
         """``comm_order`` priority|magnitude: the gradient sync that steps each stage in its next forward."""
         if self.grad_sync is not None:
             self.grad_sync.bind_optimizer(self.optimizer)
-        self.resumed: dict | None = None
-        """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
-        self._snapshot_buffers_started = False
-        self.snapshots: SnapshotManager | None = None
         self.resuming = cfg.resume or bool(
             (self.restart or self.regrouped) and (cfg.snapshot_every or cfg.snapshot_memory_every)
         )
         """Resume at the start of :meth:`train`: asked for, or a later group of a snapshotting run (a torchrun
         restart, or a group re-formed after a membership change)."""
-        if cfg.snapshot_every or cfg.snapshot_memory_every or self.resuming:
-            # a gloo group of its own: DCP's planning collectives run in the writer thread, on CPU tensors,
-            # and never queue behind (or between) the training collectives of the default group
-            group = dist.new_group(backend="gloo", timeout=SNAPSHOT_GROUP_TIMEOUT)
-            self.snapshots = SnapshotManager(
-                cfg.snapshot_dir,
-                rank=rank,
-                world_size=world_size,
-                process_group=group,
-                full_every=cfg.snapshot_full_every,
-                keep=cfg.snapshot_keep,
-                layout=self.layout(),
-                log=self._print,
-                fresh=not self.resuming,
-                delta=cfg.snapshot_delta,
-            )
-        self.memory: MemorySnapshots | None = None
-        """The in-memory tier (``snapshot_memory_every``): this rank's newest state in the node's RAM."""
-        if cfg.snapshot_memory_every:
-            self.memory = MemorySnapshots(cfg.snapshot_dir, rank, self.layout())
-            if not self.resuming:
-                self.memory.clear()  # another run's state under the same directory is not ours
+        self.train_state = TrainState(self)
+        """The snapshots (disk and in-memory tiers), this rank's state as they save and load it, the resume."""
         if self.rescaled is not None:
             d = self.rescaled
-            self._print(
+            self.log_line(
                 f"layout for {d['to_world_size']} rank(s) (the strategy is for {d['from_world_size']}): "
                 f"{d['how']} ({d['strategy_before']} -> {d['strategy_after']})"
             )
@@ -407,7 +355,8 @@ class Trainer:
                 dist.all_reduce(packed)
         grad_norm = float(packed[0].sqrt())
         loss = float(packed[1] / packed[2].clamp(min=1))
-        self._snapshot_now = bool(packed[3] > 0)  # the same sum on every rank: all snapshot after this step
+        # the same sum on every rank: all snapshot after this step
+        self.train_state.snapshot_now = bool(packed[3] > 0)
         global_loads = packed[4:].view_as(loads).float()
 
         if cfg.grad_clip > 0 and grad_norm > cfg.grad_clip:
@@ -415,9 +364,7 @@ class Trainer:
             for p in pm.parameters():
                 if p.grad is not None:
                     p.grad.mul_(coef)
-        recorded_s = self._record_gradients() if self.snapshots is not None else 0.0
-        if self.memory is not None:  # the in-memory copy of the last state must be done before it changes
-            recorded_s += self.memory.wait()
+        recorded_s = self.train_state.before_optimizer_step()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._update_expert_bias(global_loads)
@@ -433,29 +380,8 @@ class Trainer:
         return result
 
     def _comm_figures(self) -> dict | None:
-        """This rank's comm-hook figures of the step just back-propagated, summed over its DDP parts:
-        total and exposed communication seconds (see ``workers.training.comm.stats``) and the gradient
-        bytes this rank put into collectives. Reads counters only: no communication, no sync."""
-        states = self.pm.comm_states
-        if not states:
-            return None
-        out = {"comm_s_total": 0.0, "comm_s_exposed": 0.0, "comm_bytes": 0, "dense_fp32_bytes": 0}
-        for st in states:
-            figures = st.comm_stats()
-            out["comm_s_total"] += figures["comm_s_total"]
-            out["comm_s_exposed"] += figures["comm_s_exposed"]
-            out["comm_bytes"] += int(figures["bytes_sent"])
-            out["dense_fp32_bytes"] += int(figures["dense_fp32_bytes"])
-            if "inter_node_bytes" in figures:
-                out["inter_node_bytes"] = out.get("inter_node_bytes", 0) + int(figures["inter_node_bytes"])
-            if "density" in figures:  # share of the gradient elements selected (top-k warm-up, adaptive)
-                out["density_elements"] = out.get("density_elements", 0.0) + figures.get(
-                    "density_elements", 0.0
-                )
-        if "density_elements" in out:
-            elements = out["dense_fp32_bytes"] / 4
-            out["comm_density"] = out.pop("density_elements") / elements if elements else 1.0
-        return out
+        """This rank's comm-hook figures of the step just back-propagated (:func:`step_comm_figures`)."""
+        return step_comm_figures(self.pm.comm_states)
 
     def _comm_switches(self) -> list[dict]:
         """The comm hooks' method/density switches since the last step (``adaptive``), each with its
@@ -491,18 +417,7 @@ class Trainer:
         cfg, pm = self.cfg, self.pm
         bubble = pipeline_bubble_fraction(pm.dims.pp, cfg.strategy.vpp, cfg.num_microbatches)
         if self.resuming:
-            if self.progress is not None:
-                self.progress.update("resuming")
-            resumed = self.resume()
-            if self.progress is not None:
-                self.progress.event(
-                    "resumed",
-                    from_step=self.step if resumed["from"] else None,
-                    snapshot=resumed["from"],
-                    tier=resumed.get("tier", "disk"),
-                    seconds=resumed["seconds"],
-                    skipped=resumed["skipped"],
-                )
+            self.train_state.resume_and_report()
         if self.progress is not None:
             self.progress.update("training", self.step)
         first = self.step + 1
@@ -511,7 +426,7 @@ class Trainer:
             self._energy_from_step = self.step  # where this attempt began (after any resume)
         started = self._started_values()
         self.publisher.submit("event", started, step=self.step)
-        self._print(
+        self.log_line(
             f"attempt {self.attempt}: {started['world_size']} rank(s) · {started['strategy']} · "
             f"{started['device']}/{started['backend']} · {started['model']} ({started['params']:,} parameters) · "
             f"steps {first}-{cfg.start_step + cfg.steps}"
@@ -538,7 +453,7 @@ class Trainer:
                 # (a resume went past it) while its timeline line or its train event was never written.
                 ranks = system_metrics.rank_values(result.step, self.device)
                 if self.snapshots is not None:
-                    self._snapshot_after(result)
+                    self.train_state.snapshot_after(result)
                 if self.progress is not None:
                     self.progress.update("training", result.step)
                     self.progress.event(
@@ -563,7 +478,7 @@ class Trainer:
                 now = time.monotonic()
                 if now - last_print >= LOG_EVERY_S or result.step in (first, end):
                     last_print = now
-                    self._print(self._step_line(result, end))
+                    self.log_line(self._step_line(result, end))
         except Exception as exc:
             self.publisher.submit(
                 "event",
@@ -576,10 +491,7 @@ class Trainer:
         self._publish_energy(self.step, final=True)
         if self.progress is not None:
             self.progress.update("finishing")
-        if self.snapshots is not None:
-            self.snapshots.wait()  # the last snapshot published before the run says it finished
-        if self.memory is not None:
-            self.memory.wait()
+        self.train_state.wait()  # the last snapshot published before the run says it finished
         if self.progress is not None:
             self.progress.event("end", step=self.step)
         summary = self.summary()
@@ -604,7 +516,7 @@ class Trainer:
         if values is not None and self.rank == 0:
             self.publisher.submit("energy", {"attempt": self.attempt, **values}, step=step)
 
-    def _print(self, line: str) -> None:
+    def log_line(self, line: str) -> None:
         """A line of the job's log (rank 0 only; the node supervisor streams it to the job page)."""
         if self.rank == 0:
             print(line, flush=True)
@@ -684,7 +596,7 @@ class Trainer:
                 "tokens_per_step": self.tokens_per_step,
                 "losses": [],
                 "note": f"nothing left to train: resumed at step {self.step} of {self.cfg.start_step + self.cfg.steps}",
-                **self._snapshot_summary(),
+                **self.train_state.summary(),
             }
         # Steady-state figures skip the first step (process-group warm-up, allocator growth) and the
         # profiled steps (the profiler slows them) when any other step is left.
@@ -726,438 +638,82 @@ class Trainer:
             out["mfu"] = round(out["tflops_per_device"] / self.cfg.peak_tflops, 5)
         if self.last_split is not None:
             out["compute_s"], out["comm_s"] = self.last_split.compute_s, self.last_split.comm_s
-        out.update(self._overlap_summary(steady))
+        out.update(measured_overlap(self.comm_hidden_sums, [r.comm for r in steady if r.comm is not None]))
         if h[-1].expert_load is not None:
             out["expert_load"] = h[-1].expert_load
         if isinstance(self.publisher, EventPublisher):
             out["publish_s"] = self.publish_seconds
         out["bucket_cap_mb"] = self.pm.bucket_cap_mb
-        out.update(self._snapshot_summary())
+        out.update(self.train_state.summary())
         if self.energy is not None and self.energy.summary() is not None:
             out["energy"] = self.energy.summary()
         if self.cfg.comm_hook:
             out["comm_hook"] = self.cfg.comm_hook
         if self.cfg.comm_order != "reverse":
             out["comm_order"] = self.cfg.comm_order
-        measured = [r.comm for r in steady if r.comm is not None]
-        if measured:  # rank 0's comm-hook figures, averaged like the step time
-            for key in (
-                "comm_s_total",
-                "comm_s_exposed",
-                "comm_bytes",
-                "dense_fp32_bytes",
-                "inter_node_bytes",
-                "comm_density",
-            ):
-                if key in measured[-1]:
-                    out[key] = sum(m.get(key, 0) for m in measured) / len(measured)
-            # bytes of the last step: the steady state after any density / PowerSGD warm-up
-            out["comm_bytes_last"] = measured[-1]["comm_bytes"]
-            if "comm_density" in measured[-1]:
-                out["comm_density_last"] = measured[-1]["comm_density"]
+        out.update(run_comm_figures([r.comm for r in steady if r.comm is not None]))
         if any(hasattr(st, "switches") for st in self.pm.comm_states):  # adaptive: every switch and why
             out["comm_switches"] = [sw for st in self.pm.comm_states for sw in getattr(st, "switches", [])]
         return out
 
-    def _overlap_summary(self, steady: list[StepResult]) -> dict:
-        """The measured overlap ratio: communication hidden under compute / all communication. From the
-        profiled steps where there are any (every collective and p2p op, as wall-time intervals: what the
-        planner's ratio counts too), else from the DP comm hook's own timing (1 - exposed / total; its
-        total sums the buckets, which overlap each other, so it reads high)."""
-        comm, hidden, n = self.comm_hidden_sums
-        if n and comm > 0:
-            return {
-                "overlap_ratio": round(hidden / comm, 4),
-                "overlap_source": f"profiler, {n} profiled step(s), every collective",
-            }
-        hooked = [r.comm for r in steady if r.comm is not None and r.comm.get("comm_s_total")]
-        if hooked:
-            total = sum(c["comm_s_total"] for c in hooked)
-            exposed = sum(min(c["comm_s_exposed"], c["comm_s_total"]) for c in hooked)
-            return {
-                "overlap_ratio": round(max(0.0, 1.0 - exposed / total), 4),
-                "overlap_source": "comm hook timing, data-parallel buckets only (run with profile_every for all)",
-            }
-        return {}
-
     # ---------------------------------------------------------------------------------- checkpoint seam
+    # The state itself lives in :class:`~workers.training.train_state.TrainState` (``train_state``); these
+    # are its entry points on the trainer.
+
+    @property
+    def snapshots(self) -> SnapshotManager | None:
+        """The disk tier of the snapshots (``snapshot_every``), None when the run takes none."""
+        return self.train_state.snapshots
+
+    @snapshots.setter
+    def snapshots(self, manager: SnapshotManager | None) -> None:
+        self.train_state.snapshots = manager
+
+    @property
+    def memory(self) -> MemorySnapshots | None:
+        """The in-memory tier (``snapshot_memory_every``), None when the run keeps none."""
+        return self.train_state.memory
+
+    @property
+    def resumed(self) -> dict | None:
+        """After :meth:`resume`: the snapshot continued from, the ones skipped and why, the seconds taken."""
+        return self.train_state.resumed
 
     def state_dict(self) -> dict:
-        """Everything a snapshot needs: model parts (sharded where FSDP/TP shard them), optimizer, data
-        position, step. ``torch.distributed.checkpoint`` can save it as is."""
-        state = {
-            "step": self.step,
-            "data": self.loader.state_dict(),
-            "model": [part.state_dict() for part in self.pm.raw_parts],
-            "optimizer": self.optimizer.state_dict(),
-        }
-        if self.pm.comm_states:
-            # Error-feedback residuals (and step counters) of the comm hooks: per rank, like the
-            # optimizer state -- each rank keeps what it did not send. One entry per DDP part.
-            state["comm_hook"] = [st.state_dict() for st in self.pm.comm_states]
-        return state
+        """:meth:`TrainState.state_dict <workers.training.train_state.TrainState.state_dict>`."""
+        return self.train_state.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Inverse of :meth:`state_dict` on a trainer built from the same config (resume)."""
-        for part, part_state in zip(self.pm.raw_parts, state["model"], strict=True):
-            part.load_state_dict(part_state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.loader.load_state_dict(state["data"])
-        self.step = int(state["step"])
-        hook_states = state.get("comm_hook")
-        if hook_states is None and self.pm.comm_states:
-            raise ValueError(
-                "the snapshot has no comm-hook state but this run uses " + str(self.cfg.comm_hook)
-            )
-        for st, hook_state in zip(self.pm.comm_states, hook_states or [], strict=True):
-            st.load_state_dict(hook_state)
-
-    # ------------------------------------------------------------------------------------------ snapshots
+        """:meth:`TrainState.load_state_dict <workers.training.train_state.TrainState.load_state_dict>`."""
+        self.train_state.load_state_dict(state)
 
     def layout(self) -> dict:
-        """What decides whether a rank's own entries (RNG streams, comm-hook residuals) of a snapshot fit
-        this run: the same world, strategy and hook. The model and optimizer load on any layout."""
-        cfg = self.cfg
-        return {
-            "world_size": self.world_size,
-            "strategy": cfg.strategy.to_dict(),
-            "comm_hook": cfg.comm_hook,
-            "model": cfg.model.name,
-        }
-
-    def _per_rank_chunks(self) -> tuple[set[str], str]:
-        """Expert-parallel weights are plain local tensors holding this rank's experts under the same name
-        on every EP rank: DCP would take them for replicas. They get the EP coordinate in their name
-        (``...experts.w1@ep0of2``): a snapshot reshards over data-parallel ranks, not across ``ep``."""
-        ep = self.pm.dims.ep
-        if ep == 1:
-            return set(), ""
-        fqns = {
-            name.replace("_checkpoint_wrapped_module.", "")
-            for name, p in self._state_module.named_parameters()
-            if is_expert_param(p)
-        }
-        return fqns, f"@ep{self.pm.coords['ep']}of{ep}"
-
-    def _parameter_keys(self) -> tuple[set[str], list[tuple[str, torch.Tensor]]]:
-        """This rank's parameters by the names snapshots give them (``get_state_dict``'s, experts with their
-        EP suffix): the fqns, and ``(key, parameter)`` pairs, the names of a log's gradients."""
-        fqns, params = set(), []
-        for name, p in self._state_module.named_parameters():
-            fqn = name.replace("_checkpoint_wrapped_module.", "")
-            fqns.add(fqn)
-            params.append((fqn + self._expert_suffix if fqn in self._expert_fqns else fqn, p))
-        return fqns, params
+        """:meth:`TrainState.layout <workers.training.train_state.TrainState.layout>`."""
+        return self.train_state.layout()
 
     def logged_parameters(self) -> dict[str, torch.Tensor]:
-        """``{key: parameter}`` of this rank under the names a log snapshot gives their gradients (the shapes
-        its gradient buffers are prepared for)."""
-        return dict(self._log_params)
-
-    def _record_gradients(self) -> float:
-        """Between clipping and ``optimizer.step()``: when the next snapshot is a log, copy the gradients
-        the step is about to consume, with each parameter's param-group hyper-parameters. Seconds taken."""
-        if not self.snapshots.wants_gradients:
-            return 0.0
-        t0 = time.perf_counter()
-        hyper = [group_hyper(g) for g in self.optimizer.param_groups]
-        grads, meta = {}, {}
-        for key, p in self._log_params:
-            meta[key] = {"grad": p.grad is not None, "hyper": hyper[self._group_of[id(p)]]}
-            if p.grad is not None:
-                grads[key] = p.grad
-        self.snapshots.record_gradients(self.step + 1, grads, meta)
-        return time.perf_counter() - t0
-
-    def _rank_prefix(self) -> str:
-        return f"rank{self.rank}/"
+        """:meth:`TrainState.logged_parameters <workers.training.train_state.TrainState.logged_parameters>`."""
+        return self.train_state.logged_parameters()
 
     def snapshot_state(self, *, rank_entries: bool = True) -> dict:
-        """Everything needed to continue bit for bit, as DCP saves it: ``model`` and ``optimizer`` keyed by
-        parameter name (sharded DTensors where FSDP2/TP shard them, each pipeline stage its own names),
-        ``progress`` (step, data position, LR schedule; the same on every rank) and, under
-        ``rank<r>/``, this rank's RNG streams and comm-hook state (error-feedback residuals, momentum,
-        PowerSGD memories). MoE balancing biases are model buffers. The tensors are the live ones: stage
-        (copy) before training goes on. Before the first step this initialises the optimizer state
-        (DCP's ``get_state_dict`` runs a zero-lr step), so call it for saving only after a step."""
-        model, optimizer = get_state_dict(self._state_module, self.optimizer, options=SNAPSHOT_OPTIONS)
-        return {
-            "model": suffix_keys(model, self._expert_fqns, self._expert_suffix),
-            "optimizer": suffix_keys(optimizer, self._expert_fqns, self._expert_suffix),
-            **self._progress_state(rank_entries),
-        }
+        """:meth:`TrainState.snapshot_state <workers.training.train_state.TrainState.snapshot_state>`."""
+        return self.train_state.snapshot_state(rank_entries=rank_entries)
 
     def log_state(self, *, rank_entries: bool = True) -> dict:
-        """What a log snapshot holds besides its gradients: everything of :meth:`snapshot_state` that is not
-        a parameter or optimizer state -- the model's buffers (MoE balancing biases), ``progress`` and this
-        rank's entries -- the live tensors, like :meth:`snapshot_state`."""
-        model = get_model_state_dict(self._state_module, options=SNAPSHOT_OPTIONS)
-        unnamed = self._param_fqns - model.keys()
-        if unnamed:  # the log's gradient names must be the snapshot's parameter names
-            raise RuntimeError(f"parameters missing from the model state dict: {sorted(unnamed)[:3]}")
-        buffers = {k: v for k, v in model.items() if k not in self._param_fqns}
-        return {
-            "model": suffix_keys(buffers, self._expert_fqns, self._expert_suffix),
-            **self._progress_state(rank_entries),
-        }
-
-    def _progress_state(self, rank_entries: bool) -> dict:
-        cfg = self.cfg
-        state: dict = {
-            "progress": {
-                "step": self.step,
-                "data": self.loader.state_dict(),
-                "data_order": self._data_order(),
-                "schedule": {
-                    "lr": cfg.lr,
-                    "warmup_steps": cfg.warmup_steps,
-                    "last_step": cfg.start_step + cfg.steps,
-                },
-            },
-        }
-        if rank_entries:
-            mine = {
-                "rng": capture_rng(self.device),
-                "comm_hooks": [st.state_dict() for st in self.pm.comm_states],
-            }
-            state.update(pack_tensors(mine, self._rank_prefix()))
-        return state
+        """:meth:`TrainState.log_state <workers.training.train_state.TrainState.log_state>`."""
+        return self.train_state.log_state(rank_entries=rank_entries)
 
     def restore_state(self, state: dict) -> list[str]:
-        """Put a state of :meth:`snapshot_state`'s shape (loaded into this run's own) back in place -- or of
-        :meth:`log_state`'s (after a replay: buffers, progress, this rank's entries). Without this rank's
-        entries (the snapshot came from another layout) RNG streams stay as seeded and comm-hook residuals
-        start from zero. Returns notes on what differed, for the log."""
-        notes = []
-        model = unsuffix_keys(state["model"], self._expert_fqns, self._expert_suffix)
-        if "optimizer" in state:
-            optimizer = unsuffix_keys(state["optimizer"], self._expert_fqns, self._expert_suffix)
-            set_state_dict(
-                self._state_module,
-                self.optimizer,
-                model_state_dict=model,
-                optim_state_dict=optimizer,
-                options=SNAPSHOT_OPTIONS,
-            )
-        else:
-            set_model_state_dict(self._state_module, model, options=BUFFERS_OPTIONS)
-        progress = state["progress"]
-        saved_order = progress.get("data_order")
-        if saved_order is not None and saved_order != self._data_order():
-            raise ValueError(
-                f"the snapshot's data order {saved_order} is not this run's {self._data_order()} "
-                "(another corpus, seed or sequence length): its data position would point elsewhere"
-            )
-        self.step = int(progress["step"])
-        self.loader.load_state_dict(progress["data"])
-        mine = {
-            "lr": self.cfg.lr,
-            "warmup_steps": self.cfg.warmup_steps,
-            "last_step": self.cfg.start_step + self.cfg.steps,
-        }
-        schedule = progress.get("schedule") or {}
-        if {k: schedule.get(k) for k in mine} != mine:
-            notes.append(f"the LR schedule changed from {schedule} to {mine}: this run's applies from here")
-        prefix = self._rank_prefix()
-        if prefix + "skeleton" in state:
-            entries = unpack_tensors(state, prefix)
-            restore_rng(entries["rng"], self.device)
-            for st, hook_state in zip(self.pm.comm_states, entries["comm_hooks"], strict=True):
-                st.load_state_dict(hook_state)
-        elif self.pm.comm_states:
-            notes.append("comm-hook residuals start from zero (the snapshot was taken on another layout)")
-        return notes
-
-    def _data_order(self) -> dict:
-        """What the sample order depends on besides the position (the loader's state is the position)."""
-        loader = self.loader
-        return {"seed": loader.seed, "num_samples": loader.num_samples, "seq_length": loader.seq_length}
+        """:meth:`TrainState.restore_state <workers.training.train_state.TrainState.restore_state>`."""
+        return self.train_state.restore_state(state)
 
     def resume(self) -> dict:
-        """Continue from the newest snapshot in ``snapshot_dir`` that verifies; newer ones that do not are
-        skipped (and said so). Loads on any layout (DCP reshards); this rank's own entries only when the
-        layout is the one the snapshot was taken on. Returns (and keeps in ``resumed``) what happened."""
-        assert self.snapshots is not None
-        t0 = time.perf_counter()
-        # a chosen snapshot (a restore) on the first start only: a torchrun restart continues from the newest
-        exactly = self.cfg.resume_from if self.restart == 0 and not self.regrouped else None
-        if exactly is None and self.memory is not None:
-            in_memory = self._resume_from_memory(t0)
-            if in_memory is not None:
-                return in_memory
-        info, skipped = self.snapshots.latest_good(exactly)
-        for s in skipped:
-            self._print(f"resume: skipped snapshot {s.name}: {s.reason}")
-        out: dict = {"from": None, "skipped": [{"name": s.name, "reason": s.reason} for s in skipped]}
-        if info is None:
-            self._print(
-                f"resume: no usable snapshot in {self.cfg.snapshot_dir}; starting at step {self.step}"
-            )
-        else:
-            same_layout = info.manifest.get("layout") == self.layout()
-            notes, chain = self.restore_snapshot(info, rank_entries=same_layout)
-            taken_on = info.manifest.get("layout") or {}
-            if taken_on.get("world_size") not in (None, self.world_size) and taken_on.get("strategy"):
-                self._log_scaling(taken_on["strategy"])
-            out.update(
-                {
-                    "from": info.name,
-                    "step": self.step,
-                    "kind": info.kind,
-                    "same_layout": same_layout,
-                    "taken_on": info.manifest.get("layout"),
-                    "notes": notes,
-                }
-            )
-            if len(chain) > 1:
-                out["chain"] = [link.name for link in chain]
-                out["replayed_steps"] = self.step - chain[0].step
-            layout = (
-                ""
-                if same_layout
-                else f" (taken on {info.manifest['layout']['world_size']} rank(s), resharded)"
-            )
-            how = (
-                f"log: {chain[0].name} + {len(chain) - 1} log(s), {self.step - chain[0].step} step(s) replayed"
-                if len(chain) > 1
-                else info.kind
-            )
-            self._print(
-                f"resume: continuing from {info.name} ({how}) at step {self.step}{layout} "
-                f"in {time.perf_counter() - t0:.2f} s" + "".join(f"; {n}" for n in notes)
-            )
-        out["seconds"] = round(time.perf_counter() - t0, 4)
-        self.resumed = out
-        return out
+        """:meth:`TrainState.resume <workers.training.train_state.TrainState.resume>`."""
+        return self.train_state.resume()
 
     def restore_snapshot(self, info: SnapshotInfo, *, rank_entries: bool) -> tuple[list[str], list]:
-        """Load verified snapshot ``info`` into the live model and optimizer (any layout: DCP reshards), with
-        this rank's own entries when ``rank_entries`` (the snapshot's layout is this run's). A log is rebuilt
-        from its chain: the full snapshot, then each log's gradients replayed through ``optimizer.step()``,
-        then the last log's buffers, progress and rank entries. Returns the notes and the chain."""
-        assert self.snapshots is not None
-        chain = self.snapshots.chain(info)
-        prefixes = (self._rank_prefix(),) if rank_entries else ()
-        target = self.snapshot_state(rank_entries=False)
-        self.snapshots.load(chain[0], target, extra_prefixes=prefixes if len(chain) == 1 else ())
-        notes = self.restore_state(target)
-        if len(chain) == 1:
-            return notes, chain
-        for log in chain[1:]:
-            replay(self.snapshots, log, self._log_params, self.optimizer)
-        target = self.log_state(rank_entries=False)
-        self.snapshots.load(info, target, extra_prefixes=prefixes)
-        return self.restore_state(target), chain
-
-    def _log_scaling(self, before_strategy: dict) -> None:
-        """The run continues on another number of ranks than the snapshot's: say so, with the planner's
-        predicted throughput before and after (rank 0's log and timeline)."""
-        from workers.training.scaling import between
-
-        d = between(self.cfg, before_strategy)
-        if self.rescaled is not None:
-            d["how"] = self.rescaled["how"]
-        before, after = d["predicted_before"] or {}, d["predicted_after"] or {}
-        self._print(
-            f"{d['action']}: {d['from_world_size']} -> {d['to_world_size']} rank(s), {d['strategy_before']} -> "
-            f"{d['strategy_after']}, global batch {d['global_batch_size']} kept; planner's prediction "
-            f"{before.get('tokens_per_s', '?')} -> {after.get('tokens_per_s', '?')} tokens/s"
-        )
-        if self.progress is not None:
-            self.progress.event("rescaled", **d)
-
-    def _resume_from_memory(self, t0: float) -> dict | None:
-        """Resume from the in-memory tier when every rank holds a common step there that is at least as
-        new as the newest disk snapshot (listed on rank 0); ``None``: use the disk."""
-        steps = sorted(self.memory.steps())
-        newest_disk = None
-        if self.rank == 0:
-            names = list_snapshots(self.cfg.snapshot_dir)
-            newest_disk = step_of(names[0]) if names else None
-        offers: list = [None] * self.world_size
-        if dist.is_initialized() and self.world_size > 1:
-            dist.all_gather_object(offers, (steps, newest_disk))
-        else:
-            offers = [(steps, newest_disk)]
-        common = set(offers[0][0]).intersection(*(set(o[0]) for o in offers[1:]))
-        disk = offers[0][1]
-        if not common or (disk is not None and max(common) < disk):
-            return None
-        step = max(common)
-        target = self.snapshot_state(rank_entries=False)
-        self.memory.load(step, target, self._rank_prefix())
-        notes = self.restore_state(target)
-        out = {
-            "from": snapshot_name(step),
-            "tier": "memory",
-            "step": self.step,
-            "kind": "memory",
-            "same_layout": True,
-            "skipped": [],
-            "notes": notes,
-            "seconds": round(time.perf_counter() - t0, 4),
-        }
-        self._print(
-            f"resume: continuing from the in-memory snapshot of step {step} in {out['seconds']:.2f} s"
-        )
-        self.resumed = out
-        return out
-
-    def _snapshot_after(self, result: StepResult) -> None:
-        """Called after every step: completes a finished background write's bookkeeping and, every
-        ``snapshot_every`` steps, snapshots (the stall lands in ``result.snapshot_stall_s``); every
-        ``snapshot_memory_every`` steps copies the state into the in-memory tier (in the background where
-        nothing but the optimizer step changes it; what the next step waits for it is stall too)."""
-        assert self.snapshots is not None
-        self.snapshots.poll()
-        if self.memory is not None and self.step % self.cfg.snapshot_memory_every == 0:
-            t_mem = time.perf_counter()
-            if self.pm.comm_states:  # comm-hook residuals change in the next backward: copied now
-                self.memory.save(self.step, self.snapshot_state())
-            else:  # in the background, beside the next step's forward and backward (waited on before
-                self.memory.save_async(self.step, self.snapshot_state())  # its optimizer step)
-            result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + time.perf_counter() - t_mem
-        every = self.cfg.snapshot_every
-        if every and not self._snapshot_buffers_started:
-            # after the first step (the optimizer state exists then), in the background: a restarted rank
-            # trains on while its staging buffers are allocated; the first snapshot waits for them (stall)
-            self._snapshot_buffers_started = True
-            like = self.logged_parameters() if self.snapshots.delta == "log" else None
-            self.snapshots.prepare_async(self.snapshot_state(), like)
-        forced, self._snapshot_now = self._snapshot_now, False
-        if not forced and (not every or self.step % every):
-            return
-        previous = self.snapshots.records[-1].step if self.snapshots.records else None
-        record: SnapshotRecord = self.snapshots.save(
-            self.step,
-            self.snapshot_state,
-            info={"loss": result.loss, "attempt": self.attempt, **({"requested": True} if forced else {})},
-            log_state=self.log_state,
-        )
-        # a log's gradient copies were counted at the steps that paid for them (train_step)
-        result.snapshot_stall_s = (result.snapshot_stall_s or 0.0) + record.stall_s - record.record_s
-        if forced:  # a node's supervisor asked for it (a prevention action): say when it was taken
-            if self.snapshot_requests is not None:
-                self.snapshot_requests.answer(
-                    step=self.step, name=record.name, stall_s=record.stall_s, previous_step=previous
-                )
-            if self.progress is not None:
-                self.progress.event("snapshot-now", step=self.step, name=record.name, stall_s=record.stall_s)
-            self._print(
-                f"snapshot {record.name} now, as the node's supervisor asked (stall {record.stall_s:.3f} s)"
-            )
-
-    def _snapshot_summary(self) -> dict:
-        records = self.snapshots.records if self.snapshots is not None else []
-        out: dict = {"resumed": self.resumed}
-        if not records:
-            return out
-        stalls = sorted(r.stall_s for r in records)
-        out["snapshots"] = [r.to_dict() for r in records]
-        out["snapshot_stall_s_median"] = stalls[len(stalls) // 2]
-        out["snapshot_stall_s_total"] = sum(stalls)
-        out["snapshot_prepare_s"] = self.snapshots.prepare_s if self.snapshots is not None else 0.0
-        return out
+        """:meth:`TrainState.restore_snapshot <workers.training.train_state.TrainState.restore_snapshot>`."""
+        return self.train_state.restore_snapshot(info, rank_entries=rank_entries)
 
     def close(self, *, succeeded: bool = True) -> None:
         """Stop the publisher and hook threads and tear the process groups down -- after a failure only the
@@ -1174,10 +730,8 @@ class Trainer:
             close = getattr(st, "close", None)
             if close is not None:
                 close()  # worker threads of powerSGD / hierarchical
-        if self.snapshots is not None and succeeded:
-            self.snapshots.close()  # the write in flight uses the snapshot group: before any teardown
-        if self.memory is not None and succeeded:
-            self.memory.clear()  # the run is over: the disk holds its last snapshot
+        if succeeded:
+            self.train_state.close()  # the write in flight uses the snapshot group: before any teardown
         if not (succeeded and dist.is_initialized()):
             return
         # Training is over and its results are out: a teardown that hangs must not hold the job forever.

@@ -14,9 +14,10 @@ level for a denser one flushes the bucket's error-feedback residual into the nex
 ``hier_topk`` shard residual is added at the rank's shard offset of the flat residual: each node's ranks
 hold disjoint shards, so the node's withheld sum is sent once), so nothing a bucket withheld is lost.
 
-What it measures, per step and bucket (:class:`_StepRecord`): when each bucket's hook was entered and
-left (its synchronous codec time on the autograd thread) and when its collective finished, the bytes it
-put on the wire, and at top-k levels the gradient's and the residual's norms. From those:
+What it measures, per step and bucket (:class:`~workers.training.comm.adaptive_control.StepRecord`):
+when each bucket's hook was entered and left (its synchronous codec time on the autograd thread) and when
+its collective finished, the bytes it put on the wire, and at top-k levels the gradient's and the
+residual's norms. From those:
 
 - **achieved link throughput**: wire bytes / transfer seconds of the dense/fp16 all-reduces (large
   messages: bandwidth-bound), a bucket's transfer starting when it is launched *and* the previous
@@ -32,7 +33,8 @@ put on the wire, and at top-k levels the gradient's and the residual's norms. Fr
   between two steps' first buckets, minus the exposed time);
 - **error-feedback residual norm** relative to the gradient norm (sqrt of the sums over ranks).
 
-How it decides (:meth:`AdaptiveState.decide`, at the first bucket of each step). A cost model replays the
+How it decides (:meth:`AdaptiveState.decide`, at the first bucket of each step; the cost model and the
+rules live in :mod:`.adaptive_control`, the levels in :mod:`.adaptive_levels`). A cost model replays the
 last step's backward with other levels: each bucket's hook enters after the compute gap it had, costs
 ``elements x codec seconds per element`` of the level's family (measured; until measured, the constant
 below), then its transfer queues on the link (the family's fixed cost + bytes at the measured rate).
@@ -74,19 +76,27 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 import native_ops
+from workers.training.comm.adaptive_control import AdaptiveControl, BucketRecord, StepRecord
+from workers.training.comm.adaptive_levels import (
+    DEFAULT_LADDER,
+    FP16_CODEC_S_PER_ELEMENT,
+    TOPK_CODEC_S_PER_ELEMENT,
+    flat_twin,
+    level_density,
+    parse_ladder,
+)
 from workers.training.comm.compression import (
     VALUE_DTYPES,
     CompressionState,
     ResidualStore,
-    _bool,
-    _check_bucket,
+    check_bucket,
     density_of,
+    option_bool,
     parameter_segments,
     topk_exchange,
 )
@@ -100,128 +110,8 @@ from workers.training.comm.stats import all_gather_wire_bytes, ring_all_reduce_w
 
 log = logging.getLogger(__name__)
 
-# Top-k compression cost per element before the first top-k step measures it: 65-80 ms for 20.7M
-# elements in 57 tensors, one uncontended thread (docs/comm.md, "Where top-k's step time goes") ~ 3.5 ns.
-TOPK_CODEC_S_PER_ELEMENT = 3.5e-9
-# fp16 cast + copy back before it is measured: two passes over fp32 memory, ~2 x 0.4 ns/element at the
-# ~10 GB/s one core streams (order of magnitude; replaced by the measurement after one fp16 step).
-FP16_CODEC_S_PER_ELEMENT = 1e-9
-# 10 % and 1 %; DGC's 0.1 % on request (ladder=0.1/0.01/0.001): on the bench's models it costs loss that
-# 300 steps do not recover (comm-tiny, fixed top-k 0.1 % with DGC's recipe: +9.4 % vs dense; each parameter
-# is sent a third of a time in the run), and with it in the ladder the controller went there on slow links
-DEFAULT_LADDER = (0.1, 0.01)
-# weight of the newest step in the running estimates of throughput and codec cost
-EMA = 0.5
 
-
-# the hierarchical families' extra cost per bucket element before it is measured: the shared-memory
-# reduce-scatter and all-gather stream the bucket ~3 times (~1 ns/element, as FP16_CODEC_S_PER_ELEMENT), and
-# hier_topk also selects the top-k of the rank's 1/L shard (TOPK_CODEC_S_PER_ELEMENT per shard element)
-HIER_S_PER_ELEMENT = 1e-9
-HIER_FAMILIES = ("hier", "hier_allgather")
-
-
-def _family(level: str) -> str:
-    """The collective a level's transfer uses (``hier*``: through the node hierarchy)."""
-    if level.startswith("hier"):
-        return "hier_allgather" if "@" in level else "hier"
-    return "allgather" if level.startswith("topk") else "allreduce"
-
-
-def _kind(level: str) -> str:
-    """The codec a level runs on the autograd thread (the hierarchy's stages run on their own threads)."""
-    if level.startswith("hier"):
-        return "hier"
-    return "topk" if level.startswith("topk") else level
-
-
-def _cost_key(level: str) -> str:
-    """What a transfer's extra cost is learnt under: the family, or for a top-k level the level itself (a
-    larger k costs more per element to select, gather and add: one estimate for 10 % and 1 % made the
-    model call 10 % cheap and keep buckets there, 20.7M model)."""
-    return level if "@" in level else _family(level)
-
-
-def _codec_key(level: str) -> str:
-    """What a level's codec time on the autograd thread is learnt under (a flat top-k level: itself)."""
-    return level if level.startswith("topk@") else _kind(level)
-
-
-def _sparse(level: str) -> bool:
-    """Whether the level withholds an error-feedback residual (a top-k level, flat or hierarchical)."""
-    return "@" in level
-
-
-def _density(level: str) -> float:
-    return float(level.split("@", 1)[1]) if "@" in level else 1.0
-
-
-def _flat_twin(level: str) -> str:
-    """The flat level a hierarchical one becomes where the job has no hierarchy (resumed elsewhere)."""
-    if level == "hier":
-        return "dense"
-    return level.removeprefix("hier_")
-
-
-def _ladder(value) -> tuple[float, ...]:
-    if isinstance(value, int | float):
-        parts = [float(value)]
-    else:
-        parts = [float(x) for x in str(value).replace("/", " ").split()]
-    if not parts or any(not 0.0 < d < 1.0 for d in parts):
-        raise ValueError(
-            f"adaptive: ladder must be densities in (0, 1) separated by '/' (e.g. 0.1/0.01/0.001), got {value!r}"
-        )
-    return tuple(sorted(set(parts), reverse=True))
-
-
-@dataclass
-class _BucketRecord:
-    index: int
-    names: tuple[str, ...]
-    sizes: tuple[int, ...]  # elements of each parameter segment (one segment: a non-standard layout)
-    level: str
-    t_enter: float = 0.0
-    control_s: float = 0.0  # the decision's all-reduce (bucket 0), not the level's codec
-    t_launched: float = 0.0
-    t_done: float = 0.0
-    wire_bytes: int = 0
-    grad_sq: float = 0.0
-    residual_sq: float = 0.0
-    fresh: bool = False  # the bucket's first step at this level (switched at this step's decision)
-
-    @property
-    def elements(self) -> int:
-        return sum(self.sizes)
-
-
-@dataclass
-class _StepRecord:
-    t_first: float
-    buckets: list[_BucketRecord] = field(default_factory=list)
-    t_enter_last: float | None = None
-    exposed_s: float | None = None  # stats' comm_s_exposed of the step, read at the next step's start
-
-
-@dataclass
-class _Measured:
-    """One step's measurements, averaged over the ranks (times, bytes) or summed (squared norms)."""
-
-    period_s: float
-    exposed_s: float
-    enter_s: list[float]  # each bucket's hook entry, from the first bucket's
-    sync_s: list[float]  # each bucket's codec + launch time on the autograd thread
-    transfer_s: list[float]
-    exposed_b: list[float]
-    wire: list[float]
-    grad_sq: list[float]
-    residual_sq: list[float]
-
-    def residual_ratio(self, i: int) -> float:
-        return math.sqrt(self.residual_sq[i] / self.grad_sq[i]) if self.grad_sq[i] > 0 else 0.0
-
-
-class AdaptiveState(CompressionState):
+class AdaptiveState(AdaptiveControl, CompressionState):
     """State of ``adaptive``. Options: ``ladder`` (top-k densities, '/'-separated, default
     ``0.1/0.01``; 0.1 % on request), ``levels`` (families it may use, a '/'-separated subset of
     ``dense/fp16/topk/hier``; default all; ``hier`` with ``topk`` adds the ``hier_topk`` levels),
@@ -241,7 +131,7 @@ class AdaptiveState(CompressionState):
     def __init__(self, process_group, options: dict | None = None) -> None:
         super().__init__(process_group)
         opts = dict(options or {})
-        ladder = _ladder(opts.pop("ladder", "/".join(str(d) for d in DEFAULT_LADDER)))
+        ladder = parse_ladder(opts.pop("ladder", "/".join(str(d) for d in DEFAULT_LADDER)))
         asked = "levels" in opts
         families = str(opts.pop("levels", "dense/fp16/topk/hier")).replace("/", " ").split()
         if not families or set(families) - {"dense", "fp16", "topk", "hier"}:
@@ -286,7 +176,7 @@ class AdaptiveState(CompressionState):
         # -0.7 % vs dense (-0.6 % with 0.1 % in the ladder)
         self.residual_bound = float(opts.pop("residual_bound", 4.0))
         self.persist = int(opts.pop("persist", 2))
-        self.bound_scaling = _bool(opts.pop("bound_scaling", True))
+        self.bound_scaling = option_bool(opts.pop("bound_scaling", True))
         self.exposed_high = float(opts.pop("exposed_high", 0.05))
         self.margin = float(opts.pop("margin", 0.05))
         self.tolerance = float(opts.pop("tolerance", 0.02))
@@ -296,7 +186,7 @@ class AdaptiveState(CompressionState):
         self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
         self.clip_norm = float(opts.pop("clip_norm", 0.0))
         self.momentum = float(opts.pop("momentum", 0.0))
-        self.momentum_masking = _bool(opts.pop("momentum_masking", True))
+        self.momentum_masking = option_bool(opts.pop("momentum_masking", True))
         if opts:
             raise ValueError(f"adaptive: unknown options {sorted(opts)}")
         if self.residual_bound <= 0 or min(self.exposed_high, self.margin, self.tolerance) < 0:
@@ -329,8 +219,8 @@ class AdaptiveState(CompressionState):
         }
         self.codec_measured: set[str] = set()
         self.last_decision: dict = {}
-        self._current: _StepRecord | None = None
-        self._previous: _StepRecord | None = None
+        self._current: StepRecord | None = None
+        self._previous: StepRecord | None = None
 
     def _hierarchy_unavailable(self, ranks_per_node) -> str | None:
         """Why the ``hier`` levels cannot run in this group (``None``: they can). Every rank answers the
@@ -380,7 +270,7 @@ class AdaptiveState(CompressionState):
             local = h.ranks_per_node_in_group
             intra = 0 if h.shm is not None else 2 * (local - 1) * 4 * math.ceil(n / local)
             return intra + self._inter_node_bytes(n, level)
-        k = sum(native_ops.k_for_density(size, _density(level)) for size in sizes)
+        k = sum(native_ops.k_for_density(size, level_density(level)) for size in sizes)
         return all_gather_wire_bytes(k * self._entry_bytes(), w)
 
     def _shard_k(self, n: int, level: str) -> int | None:
@@ -388,7 +278,7 @@ class AdaptiveState(CompressionState):
         all-reduce moves fewer bytes (as the ``hierarchical`` hook decides)."""
         h = self.hierarchy
         shard = math.ceil(n / h.ranks_per_node_in_group)
-        k = native_ops.k_for_density(shard, _density(level))
+        k = native_ops.k_for_density(shard, level_density(level))
         return k if sparse_beats_dense(k, self._entry_bytes(), h.nodes_in_group, shard) else None
 
     def _entry_bytes(self) -> int:
@@ -505,7 +395,7 @@ class AdaptiveState(CompressionState):
         if level in self.levels:
             return level
         if self.hierarchy is None:
-            return _flat_twin(level)
+            return flat_twin(level)
         return f"hier_{level}" if level.startswith("topk@") else level
 
     def load_state_dict(self, state: dict) -> None:
@@ -552,280 +442,17 @@ class AdaptiveState(CompressionState):
         self._current = self._previous = None
         self._steps_seen = 0
 
-    # ---------------------------------------------------------------------------------- measurement
-
-    def _measure(self) -> _Measured | None:
-        """The previous step's figures, summed over the group by one all-reduce (identical on all ranks)."""
-        prev, cur = self._previous, self._current
-        if prev is None or not prev.buckets or prev.t_enter_last is None or prev.exposed_s is None:
-            return None
-        rows, link_free = [], 0.0
-        for b in prev.buckets:
-            start = max(b.t_launched, link_free)
-            link_free = max(link_free, b.t_done)
-            sync = b.t_launched - b.t_enter - b.control_s
-            exposed = max(0.0, b.t_done - prev.t_enter_last) + (0.0 if b is prev.buckets[-1] else sync)
-            level = float(self.levels.index(b.level))
-            rows.append(
-                [b.t_enter - prev.t_first, sync, max(0.0, b.t_done - start), exposed, float(b.wire_bytes)]
-                + [b.grad_sq, b.residual_sq, level]
-            )
-        flat = torch.tensor(
-            [v for row in rows for v in row] + [cur.t_first - prev.t_first, prev.exposed_s],
-            dtype=torch.float64,
-        )
-        if self.world_size > 1:
-            dist.all_reduce(flat, group=self.process_group)
-        w = self.world_size
-        per = flat[:-2].view(len(rows), 8).tolist()
-        if [round(r[7] / w) for r in per] != [self.levels.index(b.level) for b in prev.buckets]:
-            raise RuntimeError("adaptive: ranks ran different levels in the last step (decisions diverged)")
-        return _Measured(
-            period_s=float(flat[-2]) / w,
-            exposed_s=float(flat[-1]) / w,
-            enter_s=[r[0] / w for r in per],
-            sync_s=[r[1] / w for r in per],
-            transfer_s=[r[2] / w for r in per],
-            exposed_b=[r[3] / w for r in per],
-            wire=[r[4] / w for r in per],
-            grad_sq=[r[5] for r in per],
-            residual_sq=[r[6] for r in per],
-        )
-
-    def _learn(self, m: _Measured, buckets: list[_BucketRecord]) -> None:
-        """Running estimates of the link (bytes/s, from the large dense/fp16 all-reduces when there are
-        any: bandwidth-bound), each collective family's fixed cost per bucket (what its transfers took
-        beyond bytes / link: latency, waiting for the slowest rank) and each codec's seconds per element."""
-
-        def ema(old, new):
-            return new if old is None else (1 - EMA) * old + EMA * new
-
-        # not from a bucket's first step at a level: it pays first-use costs (the hierarchy's shared-memory
-        # segments are created and mapped, buffers allocated) that later steps do not -- learnt from it, the
-        # model called hier_topk dear after one step and sent every bucket denser (20.7M model, 1 Gbit/s)
-        rows = [r for r in zip(buckets, m.transfer_s, m.wire, m.sync_s, strict=True) if not r[0].fresh]
-        for family in ("allreduce", "allgather"):
-            mine = [(w, t) for b, t, w, _ in rows if _family(b.level) == family and t > 0]
-            wire, secs = sum(w for w, _ in mine), sum(t for _, t in mine)
-            if wire > 0 and secs > 0 and (family == "allreduce" or "link" not in self.throughput):
-                self.throughput["link"] = ema(self.throughput.get("link"), wire / secs)
-        link = self.throughput.get("link")
-        for key in sorted({_cost_key(b.level) for b, _, _, _ in rows}) if link else ():
-            mine = [(b, t) for b, t, _, _ in rows if _cost_key(b.level) == key]
-            extra = [max(0.0, t - self.link_bytes(b.sizes, b.level) / link) for b, t in mine]
-            if _family(mine[0][0].level) in HIER_FAMILIES:  # grows with the bucket: per element
-                new = sum(extra) / max(1, sum(b.elements for b, _ in mine))
-            else:
-                new = sum(extra) / len(extra)
-            self.overhead_s[key] = ema(self.overhead_s.get(key), new)
-        by_kind: dict[str, list[float]] = {}
-        for b, _, _, sync in rows:
-            k = by_kind.setdefault(_codec_key(b.level), [0.0, 0.0])
-            k[0], k[1] = k[0] + max(0.0, sync), k[1] + b.elements
-        for kind, (secs, elements) in by_kind.items():
-            if elements > 0:
-                measured = kind in self.codec_measured
-                self.codec_s[kind] = ema(self.codec_s[kind] if measured else None, secs / elements)
-                self.codec_measured.add(kind)
-
-    def codec(self, level: str) -> float:
-        """Codec seconds per element of ``level`` on the autograd thread: measured at that level, else the
-        prior of its kind (for top-k: ``TOPK_CODEC_S_PER_ELEMENT``, or another measured top-k level's)."""
-        key = _codec_key(level)
-        if key in self.codec_measured:
-            return self.codec_s[key]
-        if level.startswith("topk@"):
-            others = [self.codec_s[k] for k in sorted(self.codec_measured) if k.startswith("topk@")]
-            if others:
-                return sum(others) / len(others)
-        return self.codec_s[_kind(level)]
-
-    # --------------------------------------------------------------------------------------- model
-
-    def predict(self, m: _Measured, buckets: list[_BucketRecord], levels: list[str]) -> float:
-        """Predicted seconds a step spends on communication under ``levels`` (one per bucket): hook time
-        on the autograd thread plus the transfer left after backward, replaying the last step's compute
-        gaps between buckets; each transfer queues on one link: its family's fixed cost plus wire bytes at
-        the measured link rate."""
-        cursor = link_free = hooks = 0.0
-        for i, (b, level) in enumerate(zip(buckets, levels, strict=True)):
-            gap = max(0.0, m.enter_s[i] - m.enter_s[i - 1] - m.sync_s[i - 1]) if i else 0.0
-            codec = self.codec(level) * b.elements
-            cursor += gap + codec
-            hooks += codec
-            link = self.throughput.get("link")
-            wire_s = self.link_bytes(b.sizes, level) / link if link else 0.0
-            link_free = max(link_free, cursor) + self.fixed_s(level, b.elements) + wire_s
-        return hooks + max(0.0, link_free - cursor)
-
-    def bound(self, level: str) -> float:
-        """The residual bound at ``level``: ``residual_bound`` at 10 % density, x sqrt(0.1 / density) below
-        it with ``bound_scaling`` on. Error feedback holds back what ~1/density steps did not send; for
-        gradients that vary from step to step that sum grows like a random walk, sqrt(1/density) gradient
-        norms, so a bound fixed across the ladder would call every sparse level's steady state growth
-        (measured, 20.7M model, 0.5 Gbit/s: 0.7-1.4 at 10 %, 2-9 at 1 %)."""
-        d = _density(level)
-        if not self.bound_scaling or d >= 0.1:
-            return self.residual_bound
-        return self.residual_bound * math.sqrt(0.1 / d)
-
-    def denser(self, level: str) -> str:
-        """Where a residual back-off goes from ``level``: the sparsest level of higher density on the same
-        route (flat or through the hierarchy), else the sparsest of higher density."""
-        before = [lvl for lvl in self.levels[: self.levels.index(level)] if _density(lvl) > _density(level)]
-        hier = level.startswith("hier")
-        same = [lvl for lvl in before if lvl.startswith("hier") == hier]
-        return (same or before or [self.levels[0]])[-1]
-
-    def fixed_s(self, level: str, elements: int) -> float:
-        """A transfer's cost beyond its uplink bytes at the measured rate: what was measured under its
-        :func:`_cost_key` (the family, a top-k level itself), fixed seconds per bucket (flat) or per element x
-        elements (hierarchical); before it is measured there, the mean of its family's other measured keys,
-        else 0 for the flat families and the constants above for the hierarchical ones."""
-        family, key = _family(level), _cost_key(level)
-        same = [v for k, v in sorted(self.overhead_s.items()) if _family(k) == family]
-        if key in self.overhead_s:
-            value = self.overhead_s[key]
-        elif same:  # not measured at this level: another level of its family
-            value = sum(same) / len(same)
-        elif family == "hier_allgather":
-            value = HIER_S_PER_ELEMENT + TOPK_CODEC_S_PER_ELEMENT / self.hierarchy.ranks_per_node_in_group
-        else:
-            value = HIER_S_PER_ELEMENT if family == "hier" else 0.0
-        return value * elements if family in HIER_FAMILIES else value
-
-    # ------------------------------------------------------------------------------------- decision
-
-    def decide(self) -> None:
-        """At the first bucket of a step: measure the previous step (all-reduced), then maybe switch."""
-        m = self._measure()
-        if m is None:
-            return
-        self._steps_seen += 1
-        if (
-            self._steps_seen == 1
-        ):  # DDP's first iteration (re-bucketing, allocator growth): not representative
-            return
-        buckets = self._previous.buckets
-        self._learn(m, buckets)
-        keys = [b.names[0] for b in buckets]
-        names = [b.names for b in buckets]
-        levels = [b.level for b in buckets]
-        step_s = max(m.period_s, 1e-9)
-        compute_s = max(step_s - m.exposed_s, 1e-9)
-        exposed_share = m.exposed_s / compute_s
-        chosen, reasons = list(levels), {}
-
-        for i, level in enumerate(levels):  # rule 1: back off where the residual grew past the bound
-            ratio = m.residual_ratio(i)
-            bound = self.bound(level)
-            over = _sparse(level) and ratio > bound and self.levels.index(level) > 0
-            last = max(self.last_switch.get(n, -(10**9)) for n in names[i])
-            if over and not (self.persist > 1 and self.step - last <= 1):
-                count = max(self.over_bound.get(n, 0) for n in names[i]) + 1
-            else:
-                count = 0
-            for n in names[i]:
-                self.over_bound[n] = count
-            if over and count >= self.persist:
-                for n in names[i]:
-                    self.over_bound[n] = 0
-                chosen[i] = self.denser(level)
-                count = max(self.backoffs.get(n, 0) for n in names[i])
-                until = self.step + self.cooldown * 2**count
-                for n in names[i]:
-                    self.backoffs[n] = count + 1
-                    self.banned[n] = (self.levels.index(level), until)
-                reasons[i] = (
-                    f"residual norm {ratio:.2f}x the gradient's > bound {bound:.3g}"
-                    + (f" at {self.persist} decisions in a row" if self.persist > 1 else "")
-                    + f": back off (no {level} before step {until})"
-                )
-        before = self.predict(m, buckets, chosen)
-        order = sorted(range(len(buckets)), key=lambda i: -buckets[i].elements)
-        for _ in range(2):  # coordinate descent over the buckets, largest first
-            for i in order:
-                last = max(self.last_switch.get(n, -(10**9)) for n in names[i])
-                if i in reasons or self.step - last < self.dwell:
-                    continue  # rule 4
-                current = self.levels.index(chosen[i])
-                ratio = m.residual_ratio(i)
-                bans = [
-                    self.banned[n][0] for n in names[i] if n in self.banned and self.step < self.banned[n][1]
-                ]
-                limit = min(bans, default=len(self.levels))
-                recent = {
-                    self.left[n][0]
-                    for n in names[i]
-                    if n in self.left and self.step - self.left[n][1] < self.revisit
-                }
-                costs = {}
-                for j in range(len(self.levels)):
-                    if j != current and j in recent:
-                        continue  # rule 5: no return to a level left less than `revisit` steps ago
-                    sparser_blocked = (
-                        exposed_share <= self.exposed_high
-                        or j >= limit
-                        or (_sparse(chosen[i]) and ratio > self.bound(chosen[i]) / 2)
-                    )
-                    if j > current and sparser_blocked:
-                        continue  # rule 2's gates
-                    costs[j] = self.predict(m, buckets, chosen[:i] + [self.levels[j]] + chosen[i + 1 :])
-                least = min(costs.values())
-                pick = min(j for j, c in costs.items() if c <= least + self.tolerance * step_s)
-                if pick == current or (
-                    pick > current and costs[current] - costs[pick] < self.margin * step_s
-                ):
-                    continue  # rule 2's margin (rule 3: a denser pick is within tolerance by construction)
-                rate = self.throughput.get("link")
-                reasons[i] = (
-                    f"{'sparser' if pick > current else 'denser'}: exposed comm {m.exposed_s * 1e3:.1f} ms = "
-                    f"{exposed_share:.0%} of compute {compute_s * 1e3:.0f} ms (this bucket "
-                    f"{m.exposed_b[i] * 1e3:.1f} ms), link {(rate or 0) * 8 / 1e9:.2f} Gbit/s achieved, "
-                    f"residual {ratio:.2f}x gradient; predicted comm {costs[current] * 1e3:.1f} -> "
-                    f"{costs[pick] * 1e3:.1f} ms/step"
-                )
-                chosen[i] = self.levels[pick]
-        self.last_decision = {
-            "step": self.step,
-            "exposed_s": m.exposed_s,
-            "compute_s": compute_s,
-            "throughput_Bps": dict(self.throughput),
-            "overhead_s": dict(self.overhead_s),
-            "codec_s_per_element": dict(self.codec_s),
-            "residual_ratio": [m.residual_ratio(i) for i in range(len(buckets))],
-            "predicted_s": {"before": before, "after": self.predict(m, buckets, chosen)},
-            "levels": list(chosen),
-        }
-        for i in sorted(reasons):
-            if chosen[i] == levels[i]:
-                continue
-            for name in names[i]:
-                self.level_of[name] = chosen[i]
-                self.last_switch[name] = self.step
-                self.left[name] = (self.levels.index(levels[i]), self.step)
-            self.switches.append(
-                {
-                    "step": self.step,
-                    "bucket": buckets[i].index,
-                    "first_param": keys[i],
-                    "from": levels[i],
-                    "to": chosen[i],
-                    "reason": reasons[i],
-                }
-            )
-
 
 def adaptive_hook(state: AdaptiveState, bucket):
     buf = bucket.buffer()
-    _check_bucket(buf, "adaptive")
+    check_bucket(buf, "adaptive")
     n, w, stats = buf.numel(), state.world_size, state.stats
     is_last = bucket.is_last()
     first = bucket.index() == 0 or state._current is None
     if first:
         if state._current is not None:  # the step that just ended: its exposed time, before stats roll over
             state._current.exposed_s = float(stats.comm_stats()["comm_s_exposed"])
-        state._previous, state._current = state._current, _StepRecord(t_first=time.perf_counter())
+        state._previous, state._current = state._current, StepRecord(t_first=time.perf_counter())
     t0 = stats.bucket_enter(is_last)
     stats_record = stats.current_record()
     control_s = 0.0
@@ -837,7 +464,7 @@ def adaptive_hook(state: AdaptiveState, bucket):
     for name in names:
         state.level_of.setdefault(name, level)
     segments = parameter_segments(bucket)
-    record = _BucketRecord(
+    record = BucketRecord(
         index=bucket.index(),
         names=names,
         sizes=tuple(size for _, size in segments),
@@ -864,7 +491,7 @@ def adaptive_hook(state: AdaptiveState, bucket):
         fut = state.hierarchy.submit_pipelined(buf, None, bucket.index())
         payload = state._hier_payload(n, level)
     elif level.startswith("topk"):
-        ks = [native_ops.k_for_density(size, _density(level)) for size in record.sizes]
+        ks = [native_ops.k_for_density(size, level_density(level)) for size in record.sizes]
         payload = sum(ks) * state._entry_bytes()
 
         def grad_norm(local: torch.Tensor) -> None:  # the (1/W-scaled) gradient entering error feedback
@@ -894,7 +521,7 @@ def adaptive_hook(state: AdaptiveState, bucket):
     record.wire_bytes = wire
     record.t_launched = time.perf_counter()
     stats.bucket_launched(t0, is_last, bytes_sent=payload, wire_bytes=wire, dense_bytes=4 * n)
-    stats.add("density_elements", _density(level) * n)
+    stats.add("density_elements", level_density(level) * n)
     stats.add("control_s", control_s)
 
     def done(f):

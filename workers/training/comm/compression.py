@@ -216,7 +216,7 @@ class CompressionState:
 BUCKET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _check_bucket(buf: torch.Tensor, hook: str) -> None:
+def check_bucket(buf: torch.Tensor, hook: str) -> None:
     """Buckets may live on any device (``native_ops.kernels_for`` picks the kernels by device) and be
     fp32/bf16/fp16 (the residual is fp32 either way); other dtypes would lose precision in the residual."""
     if buf.dtype not in BUCKET_DTYPES:
@@ -225,7 +225,8 @@ def _check_bucket(buf: torch.Tensor, hook: str) -> None:
         )
 
 
-def _bool(value) -> bool:
+def option_bool(value) -> bool:
+    """A boolean hook option: ``1``/``true``/``yes``/``on`` (any case) when given as a string."""
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return bool(value)
@@ -298,9 +299,9 @@ class TopKState(DensitySchedule, CompressionState):
         opts = dict(options or {})
         self._parse_schedule(opts, "topk_ef")
         self.value_dtype = VALUE_DTYPES[str(opts.pop("value_dtype", "fp16"))]
-        self.dense_fallback = _bool(opts.pop("dense_fallback", True))
+        self.dense_fallback = option_bool(opts.pop("dense_fallback", True))
         self.momentum = float(opts.pop("momentum", 0.0))
-        self.momentum_masking = _bool(opts.pop("momentum_masking", True))
+        self.momentum_masking = option_bool(opts.pop("momentum_masking", True))
         self.clip_norm = float(opts.pop("clip_norm", 0.0))
         if opts:
             raise ValueError(f"topk_ef: unknown options {sorted(opts)}")
@@ -365,7 +366,7 @@ def topk_ef_hook(state: TopKState, bucket):
     does not depend on how DDP happens to bucket (it re-buckets after step 0, and again after a restart),
     so a resumed job reproduces an uninterrupted one bit for bit."""
     buf = bucket.buffer()
-    _check_bucket(buf, "topk_ef")
+    check_bucket(buf, "topk_ef")
     n, w = buf.numel(), state.world_size
     density = state.current_density()
     segments, ks, entry_bytes = topk_plan(bucket, density, state.value_dtype)
@@ -467,7 +468,7 @@ class SignState(CompressionState):
 
 def sign_ef_hook(state: SignState, bucket):
     buf = bucket.buffer()
-    _check_bucket(buf, "sign_ef")
+    check_bucket(buf, "sign_ef")
     n, w, chunk = buf.numel(), state.world_size, state.chunk
     nbytes, nchunks = (n + 7) // 8, (n + chunk - 1) // chunk
     payload = nbytes + 4 * nchunks

@@ -40,7 +40,12 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 import native_ops
 from workers.training.comm.compression import VALUE_DTYPES, DensitySchedule, density_of, local_tensor
-from workers.training.comm.hierarchical import _my_group, spans_world, split_by_node, subgroup_node_lists
+from workers.training.comm.hierarchical import (
+    group_of_this_rank,
+    spans_world,
+    split_by_node,
+    subgroup_node_lists,
+)
 from workers.training.comm.stats import CommStats, timed
 from workers.training.comm_methods import FSDP_HOOK_NAMES, FSDP_REFUSED
 
@@ -184,7 +189,7 @@ class NodeHierarchy:
             intra_lists, inter_lists = split_by_node(members, ranks_per_node)
         else:
             intra_lists, inter_lists = subgroup_node_lists(process_group, ranks_per_node)
-        self.intra_group, self.inter_group = _my_group(intra_lists), _my_group(inter_lists)
+        self.intra_group, self.inter_group = group_of_this_rank(intra_lists), group_of_this_rank(inter_lists)
         nodes, inter = split_by_node(members, ranks_per_node)
         self.local, self.nodes = len(inter), len(nodes)
         position = {g: i for i, g in enumerate(members)}  # global rank -> rank in the DP group

@@ -40,7 +40,7 @@ from workers.training.comm.stats import CommStats, all_gather_wire_bytes, ring_a
 log = logging.getLogger(__name__)
 
 
-def _my_group(rank_lists: list[list[int]]) -> dist.ProcessGroup:
+def group_of_this_rank(rank_lists: list[list[int]]) -> dist.ProcessGroup:
     """Create one group per rank list (collective: every rank calls it with the same lists, in the same
     order) and return the one holding this rank."""
     me, mine = dist.get_rank(), None
@@ -98,7 +98,7 @@ def subgroup_node_lists(
     process_group: dist.ProcessGroup, ranks_per_node: int
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Intra-node and inter-node rank lists of *every* group like ``process_group`` in the world (each
-    rank contributes its own), in one order on all ranks, for :func:`_my_group`. Collective."""
+    rank contributes its own), in one order on all ranks, for :func:`group_of_this_rank`. Collective."""
     intra_all, inter_all = [], []
     for members in every_group_rank_lists(process_group):
         nodes, inter = split_by_node(list(members), ranks_per_node)
@@ -118,7 +118,7 @@ def node_groups(
         else list(range(dist.get_world_size()))
     )
     nodes, inter = node_rank_lists(ranks_per_node, ranks)
-    return _my_group(nodes), _my_group(inter)
+    return group_of_this_rank(nodes), group_of_this_rank(inter)
 
 
 def mesh_groups(
@@ -334,7 +334,10 @@ class HierarchicalState:
         elif ranks_per_node is not None and not spans_world(process_group):
             # a data-parallel sub-group of a tp/pp/cp mesh: ranks_per_node counts the node's global ranks
             node_lists, inter_lists = subgroup_node_lists(process_group, int(ranks_per_node))
-            self.intra_group, self.inter_group = _my_group(node_lists), _my_group(inter_lists)
+            self.intra_group, self.inter_group = (
+                group_of_this_rank(node_lists),
+                group_of_this_rank(inter_lists),
+            )
         elif ranks_per_node is not None:
             ranks = (
                 dist.get_process_group_ranks(process_group)
@@ -342,12 +345,15 @@ class HierarchicalState:
                 else list(range(self.world_size))
             )
             node_lists, inter_lists = node_rank_lists(int(ranks_per_node), ranks)
-            self.intra_group, self.inter_group = _my_group(node_lists), _my_group(inter_lists)
+            self.intra_group, self.inter_group = (
+                group_of_this_rank(node_lists),
+                group_of_this_rank(inter_lists),
+            )
         else:
             raise ValueError("hierarchical: give ranks_per_node or a 2-D device mesh")
         # The all-gather stage gets its own intra-node group so that it can run at the same time as the
         # next bucket's reduce-scatter (one stream of collectives per group, in bucket order).
-        self.gather_group = _my_group(node_lists)
+        self.gather_group = group_of_this_rank(node_lists)
         self.shm = None
         if intra_node == "shm" and dist.get_world_size(self.intra_group) > 1:
             tag = _shared_memory_tag(self.intra_group)

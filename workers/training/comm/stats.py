@@ -139,3 +139,75 @@ def timed(stats: CommStats, bucket, launch, *, bytes_sent: int, wire_bytes: int,
         return f.value()
 
     return fut.then(done)
+
+
+# ---------------------------------------------------------------------------- a rank's and a run's figures
+
+
+def step_comm_figures(states) -> dict | None:
+    """A rank's comm-hook figures of the step just back-propagated, summed over its DDP parts' hook
+    ``states``: total and exposed communication seconds (see above) and the gradient bytes this rank put
+    into collectives. Reads counters only: no communication, no sync. None without a hook."""
+    if not states:
+        return None
+    out = {"comm_s_total": 0.0, "comm_s_exposed": 0.0, "comm_bytes": 0, "dense_fp32_bytes": 0}
+    for st in states:
+        figures = st.comm_stats()
+        out["comm_s_total"] += figures["comm_s_total"]
+        out["comm_s_exposed"] += figures["comm_s_exposed"]
+        out["comm_bytes"] += int(figures["bytes_sent"])
+        out["dense_fp32_bytes"] += int(figures["dense_fp32_bytes"])
+        if "inter_node_bytes" in figures:
+            out["inter_node_bytes"] = out.get("inter_node_bytes", 0) + int(figures["inter_node_bytes"])
+        if "density" in figures:  # share of the gradient elements selected (top-k warm-up, adaptive)
+            out["density_elements"] = out.get("density_elements", 0.0) + figures.get("density_elements", 0.0)
+    if "density_elements" in out:
+        elements = out["dense_fp32_bytes"] / 4
+        out["comm_density"] = out.pop("density_elements") / elements if elements else 1.0
+    return out
+
+
+def run_comm_figures(measured: list[dict]) -> dict:
+    """A run's comm-hook figures from a rank's :func:`step_comm_figures` of its steady steps
+    (``measured``): averaged like the step time, and the last step's bytes and density. {} without any."""
+    out: dict = {}
+    if not measured:
+        return out
+    for key in (
+        "comm_s_total",
+        "comm_s_exposed",
+        "comm_bytes",
+        "dense_fp32_bytes",
+        "inter_node_bytes",
+        "comm_density",
+    ):
+        if key in measured[-1]:
+            out[key] = sum(m.get(key, 0) for m in measured) / len(measured)
+    # bytes of the last step: the steady state after any density / PowerSGD warm-up
+    out["comm_bytes_last"] = measured[-1]["comm_bytes"]
+    if "comm_density" in measured[-1]:
+        out["comm_density_last"] = measured[-1]["comm_density"]
+    return out
+
+
+def measured_overlap(profiled: list, measured: list[dict]) -> dict:
+    """The measured overlap ratio: communication hidden under compute / all communication. From the
+    profiled steps where there are any (``profiled``: ``[comm seconds, hidden seconds, steps]`` summed over
+    them; every collective and p2p op, as wall-time intervals: what the planner's ratio counts too), else
+    from the DP comm hook's own timing of the steady steps (``measured``, :func:`step_comm_figures`'s:
+    1 - exposed / total; its total sums the buckets, which overlap each other, so it reads high)."""
+    comm, hidden, n = profiled
+    if n and comm > 0:
+        return {
+            "overlap_ratio": round(hidden / comm, 4),
+            "overlap_source": f"profiler, {n} profiled step(s), every collective",
+        }
+    hooked = [c for c in measured if c.get("comm_s_total")]
+    if hooked:
+        total = sum(c["comm_s_total"] for c in hooked)
+        exposed = sum(min(c["comm_s_exposed"], c["comm_s_total"]) for c in hooked)
+        return {
+            "overlap_ratio": round(max(0.0, 1.0 - exposed / total), 4),
+            "overlap_source": "comm hook timing, data-parallel buckets only (run with profile_every for all)",
+        }
+    return {}
