@@ -32,6 +32,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from controlplane.common.redis import redis_client
+from controlplane.green.selectors import energy_by_stream
+from controlplane.jobs.selectors import job_counts_by_state, jobs_for_metrics
+from controlplane.live.relay import GROUP
+from controlplane.live.selectors import relay_backlog
+from controlplane.planning.selectors import search_durations_s
+
 log = logging.getLogger(__name__)
 
 # jobs that finished this long ago still have their per-job series (their last figures, their totals)
@@ -84,9 +91,6 @@ class ProductCollector(Collector):
 
     @staticmethod
     def _jobs():
-        from controlplane.green.selectors import energy_by_stream
-        from controlplane.jobs.selectors import job_counts_by_state, jobs_for_metrics
-
         counts = GaugeMetricFamily(
             "cann_train_jobs", PRODUCT_METRICS["cann_train_jobs"], labels=["state", "team"]
         )
@@ -138,8 +142,6 @@ class ProductCollector(Collector):
 
     @staticmethod
     def _searches():
-        from controlplane.planning.selectors import search_durations_s
-
         durations = search_durations_s()
         buckets = [(str(b), sum(1 for d in durations if d <= b)) for b in SEARCH_BUCKETS_S]
         histogram = HistogramMetricFamily(
@@ -150,10 +152,6 @@ class ProductCollector(Collector):
 
     @staticmethod
     def _relay():
-        from controlplane.common.redis import redis_client
-        from controlplane.live.relay import GROUP
-        from controlplane.live.selectors import relay_backlog
-
         backlog = relay_backlog(redis_client(), group=GROUP)
         yield GaugeMetricFamily(
             "cann_train_stream_backlog_events",

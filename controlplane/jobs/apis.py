@@ -30,6 +30,8 @@ from controlplane.common.documents import (
 )
 from controlplane.green import apis as green_apis
 from controlplane.green.certificate_apis import CertificateRowSerializer
+from controlplane.green.certificates import certificate_issue
+from controlplane.green.selectors import job_energy
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
 from controlplane.jobs.models import (
@@ -44,8 +46,10 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.options import RunOptionsMixin
-from controlplane.jobs.selectors import fault_values, snapshot_rows
+from controlplane.jobs.recovery import job_restore
+from controlplane.jobs.selectors import elastic_index, fault_values, job_risk, queue_position, snapshot_rows
 from controlplane.live.selectors import stored_events
+from controlplane.live.tasks import probe
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
 
@@ -229,14 +233,10 @@ class TrainingJobSerializer(TeamOwnedSerializer):
 
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
     def get_energy(self, job) -> dict | None:
-        from controlplane.green.selectors import job_energy
-
         return job_energy(job)
 
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
     def get_risk(self, job) -> dict | None:
-        from controlplane.jobs.selectors import job_risk
-
         return job_risk(job)
 
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
@@ -262,13 +262,9 @@ class TrainingJobSerializer(TeamOwnedSerializer):
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_elastic_index(self, job) -> dict:
-        from controlplane.jobs.selectors import elastic_index
-
         return elastic_index(job)
 
     def get_queue_position(self, job) -> int | None:
-        from controlplane.jobs.selectors import queue_position
-
         return queue_position(job)
 
     def get_nodes(self, job) -> list[dict]:
@@ -593,8 +589,6 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def restore(self, request, pk=None):
         """Continue the job from one of its snapshots: a new attempt resumes from exactly that snapshot
         (the newer ones are set aside). The job must have ended (failed, cancelled or succeeded)."""
-        from controlplane.jobs.recovery import job_restore
-
         job = self.get_object()
         data = JobRestoreSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -613,8 +607,6 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def certificate(self, request, pk=None):
         """Issue the job's energy and carbon report (PDF and document with a verification code), or answer
         the one issued before (200). The job must have succeeded with energy metering on."""
-        from controlplane.green.certificates import certificate_issue
-
         report, created = certificate_issue(job=self.get_object(), user=request.user)
         return Response(
             CertificateRowSerializer(report).data,
@@ -625,8 +617,6 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     @action(detail=True, methods=["post"])
     def probe(self, request, pk=None):
         """Ask a Celery worker to publish one event on this job's live stream."""
-        from controlplane.live.tasks import probe
-
         job = self.get_object()
         message = (
             str(request.data.get("message", "live probe"))[:200]
