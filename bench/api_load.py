@@ -1,8 +1,8 @@
 """REST API under load (issue 16): ``--users`` concurrent clients on loopback against a server this bench
 starts on a seeded database, measured per endpoint.
 
-The stack is ``bench/live_fanout.py``'s (embedded Redis, a fresh migrated SQLite database unless
-``--database-url``, ``--web-procs`` daphne processes sharing one port), seeded the way ``make run`` seeds
+The stack is ``bench/harness.py``'s, as ``bench/live_fanout.py`` starts it (embedded Redis, a fresh migrated
+SQLite database unless ``--database-url``, ``--web-procs`` daphne processes sharing one port), seeded the way ``make run`` seeds
 it (``manage.py demo_setup``: the demo team, its knowledge base of plans, a queued demo job; no Celery
 worker runs, so the job stays queued). Each user authenticates with an API token of the demo user
 (``Authorization: Token ...``), keeps one HTTP/1.1 connection alive and cycles through the endpoints:
@@ -20,19 +20,12 @@ and requests per second.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from live_fanout import start_stack, stop_stack  # noqa: E402
+from harness import ROOT, bench_parser, local_stack, quantile_ms, run_dir
 
 
 class Connection:
@@ -130,12 +123,11 @@ def demo_token(env) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__, json_flag=True)
     ap.add_argument("--users", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--web-procs", type=int, default=1, help="daphne processes behind the one port")
     ap.add_argument("--database-url", default="")
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     from workers.planner.examples import contract
@@ -148,11 +140,11 @@ def main() -> int:
             "strategy": {**contract("strategy.json"), "dp": 48},
         }
     ).encode()
-    run_dir = Path(tempfile.mkdtemp(prefix="api-load-", dir=ROOT / "var"))
-    stack = start_stack(args, run_dir, relay=False, demo=True)
-    try:
-        token = demo_token(stack["env"])
-        port = stack["port"]
+    with local_stack(
+        run_dir("api-load-"), database_url=args.database_url, web_procs=args.web_procs, demo=True
+    ) as stack:
+        token = demo_token(stack.env)
+        port = stack.port
         ids = plan_ids(port, token)
         endpoints = ["jobs list", "plans list", "plan detail", "evaluate"]
 
@@ -178,23 +170,17 @@ def main() -> int:
         t0 = time.monotonic()
         asyncio.run(load())
         elapsed = time.monotonic() - t0
-    finally:
-        stop_stack(stack)
 
     rows = []
     for name in endpoints:
         lat = sorted(samples[name])
-
-        def q(p, lat=lat):
-            return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
-
         rows.append(
             {
                 "endpoint": name,
                 "requests": len(lat),
                 "errors": errors[name],
-                "p50_ms": q(0.5),
-                "p99_ms": q(0.99),
+                "p50_ms": quantile_ms(lat, 0.5),
+                "p99_ms": quantile_ms(lat, 0.99),
                 "max_ms": lat[-1] * 1000 if lat else float("nan"),
                 "req_s": len(lat) / elapsed,
             }

@@ -16,7 +16,6 @@ targets this bench must meet.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -24,11 +23,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser
 
-from workers.green.history import load_history  # noqa: E402
-from workers.green.schedule import schedule  # noqa: E402
+from workers.green.history import load_history
+from workers.green.schedule import schedule
 
 DURATIONS_H = (1, 4, 8, 24)
 DEADLINES_H = (24, 48, 72)
@@ -133,7 +131,7 @@ def format_report(report: dict, seconds: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--arrival-hour", type=int, default=9, help="UTC hour the daily job arrives (0-23)")
     parser.add_argument("--zones", default="GB,DE", help="comma-separated shipped zones (default GB,DE)")
     parser.add_argument(

@@ -24,17 +24,15 @@ only (this kernel has no netem qdisc): no latency is added, which the output say
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser
 
-from workers.training.comm import netem  # noqa: E402
-from workers.training.comm.compare import (  # noqa: E402
+from workers.training.comm import netem
+from workers.training.comm.compare import (
     DEFAULT_MODEL,
     EXAMPLES,
     TOPK_CLIP_NORM,
@@ -167,7 +165,7 @@ def speed_targets(runs: dict[float, Comparison], gbit: float) -> list[dict]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__)
     p.add_argument("--steps", type=int, default=8, help="steps per method on the 20M model (first untimed)")
     p.add_argument("--gbits", default="0.5,1,10", help="link speeds of part 1, Gbit/s, comma-separated")
     p.add_argument("--gbit", type=float, default=1.0, help="link of parts 2 and 3")

@@ -19,19 +19,17 @@ each figure is the median over the rounds (the machine is shared).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser
 
-from workers.training.comm import netem  # noqa: E402
-from workers.training.comm.compare import DEFAULT_MODEL, job_config, method_row, run_on_network  # noqa: E402
-from workers.training.config import JobConfig  # noqa: E402
+from workers.training.comm import netem
+from workers.training.comm.compare import DEFAULT_MODEL, job_config, method_row, run_on_network
+from workers.training.config import JobConfig
 
 ORDERS = ("reverse", "priority", "magnitude")
 NODES, RANKS_PER_NODE = 2, 2  # bench/comm.py's layout: 4 ranks, two per emulated node
@@ -113,7 +111,7 @@ def format_orders(result: dict, *, model_name: str, gbit: float, steps: int, rou
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__)
     p.add_argument("--gbit", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=8, help="steps per run (the first is not timed)")
     p.add_argument(

@@ -16,19 +16,16 @@ are faster).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from harness import bench_parser
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import native_ops  # noqa: E402
-from native_ops import reference  # noqa: E402
+import native_ops
+from native_ops import reference
 
 
 def device_unavailable(device: str) -> str:
@@ -91,7 +88,7 @@ def device_matches_cpu(native, device: str, n: int, k: int, chunk: int) -> list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
     parser.add_argument("--numel", type=int, default=10_000_000)
     parser.add_argument("--density", type=float, default=0.01)

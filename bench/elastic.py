@@ -27,21 +27,18 @@ accelerator's host leaves cores to the checkpoint writer (see docs/elastic.md).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser, scratch_dir, single_rank_rendezvous
 
-from workers.devices import backend as device_mod  # noqa: E402
+from workers.devices import backend as device_mod
 
 device_mod.prepare_environment()
 
@@ -66,18 +63,21 @@ def du(path: Path) -> int:
 
 
 def run(args) -> dict:
+    """Parts 1-3: the snapshot engine's stall, write and bytes, in a scratch directory."""
+    with scratch_dir("cann-elastic-bench-", args.dir) as work:
+        return snapshot_figures(args, work)
+
+
+def snapshot_figures(args, work: Path) -> dict:
     import torch
     import torch.distributed.checkpoint as dcp
 
     from workers.training.config import JobConfig
-    from workers.training.launch import free_port
     from workers.training.model import num_params
     from workers.training.trainer import Trainer
 
     torch.set_num_threads(args.threads)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    work = Path(tempfile.mkdtemp(prefix="cann-elastic-bench-", dir=args.dir))
+    single_rank_rendezvous()
     ks = sorted(set(args.k))
     cfg = JobConfig.from_dict(
         {
@@ -166,7 +166,6 @@ def run(args) -> dict:
         out["steps_during_writes"] = len(during)
     finally:
         trainer.close()
-        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -175,7 +174,6 @@ def recovery(args) -> dict:
     from workers.reliability.cli import run_elastic
     from workers.training.config import JobConfig
 
-    work = Path(tempfile.mkdtemp(prefix="cann-recovery-bench-", dir=args.dir))
     strategy = {"dp": args.ranks, "micro_batch_size": max(1, args.batch // args.ranks)}
 
     def config(steps: int, **snap) -> JobConfig:
@@ -195,7 +193,7 @@ def recovery(args) -> dict:
 
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     out: dict = {"ranks": args.ranks, "minutes": args.minutes, "kill_every_s": args.kill_every}
-    try:
+    with scratch_dir("cann-recovery-bench-", args.dir) as work:
         ref = run_elastic(
             config(args.reference_steps), args.ranks, run_dir=work / "ref", max_restarts=0, hang_timeout_s=600
         )
@@ -254,8 +252,6 @@ def recovery(args) -> dict:
         # snapshot copies and writes, against the run without them
         run_steps = [e["step_time_s"] for e in events if e.get("event") == "step" and e.get("step_time_s")]
         out["step_s_with_faults"] = statistics.median(run_steps) if run_steps else None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -438,7 +434,7 @@ def report(r: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, json_flag=True)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--ffn", type=int, default=2560)
@@ -478,7 +474,6 @@ def main() -> int:
         help="recovery: also keep each rank's state in RAM every N steps (snapshot_memory_every; 0: off)",
     )
     parser.add_argument("--reference-steps", type=int, default=40, help="steps of the run without faults")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = {}
     if "snapshots" in args.parts:
@@ -498,11 +493,9 @@ def hot_swap_part(args) -> dict:
     replica SIGKILLed; kill -> the survivors' next committed step, and the spare back in the group."""
     import types
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import hotswap
+    import hotswap  # bench/hotswap.py (bench/ is on sys.path: this script's folder)
 
-    work = Path(tempfile.mkdtemp(prefix="cann-hotswap-part-", dir=args.dir))
-    try:
+    with scratch_dir("cann-hotswap-part-", args.dir) as work:
         model = work / "model.json"
         model.write_text(json.dumps(model_spec(args.layers, args.hidden, args.ffn, args.seq)))
         options = types.SimpleNamespace(
@@ -526,8 +519,6 @@ def hot_swap_part(args) -> dict:
             "heartbeat_timeout_ms": args.heartbeat_timeout_ms,
             "goal_s": hotswap.GOAL_RTO_S,
         }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def report_hot_swap(r: dict) -> str:

@@ -26,40 +26,24 @@ degradations on one 2-core machine. Side by side, not the same experiment.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser, scratch_dir, wait_until_training
 
-from workers.reliability.degrade import CpuQuota, StopBursts  # noqa: E402
-from workers.reliability.local_job import launch, stop, straggler_job_config  # noqa: E402
-from workers.reliability.straggler import StragglerDetector, StragglerWatch  # noqa: E402
-from workers.training.supervision.progress import read_progress  # noqa: E402
-from workers.training.supervision.step_times import StepTimesReader  # noqa: E402
+from workers.reliability.degrade import CpuQuota, StopBursts
+from workers.reliability.local_job import launch, stop, straggler_job_config
+from workers.reliability.straggler import StragglerDetector, StragglerWatch
+from workers.training.supervision.step_times import StepTimesReader
 
 # Deng et al., NSDI 2025 (arXiv:2411.01791), abstract: mean reaction time, precision, F1 in production
 MINDER = {"detect_s": 3.6, "precision": 0.904, "f1": 0.893}
 POLL_S = 0.1
-
-
-def wait_training(proc, progress: Path, ranks: int, log: Path, timeout_s: float = 90.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = read_progress(progress)
-        if len(found) == ranks and all((d.get("step") or 0) >= 1 for d in found.values()):
-            return found
-        if proc.poll() is not None:
-            raise RuntimeError(f"the job exited before training:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    raise RuntimeError("the job did not start training in time")
 
 
 def follow(watch: StragglerWatch, proc, seconds: float, log: Path) -> None:
@@ -87,7 +71,7 @@ def one_run(args, mode: str, work: Path) -> dict:
     watch = StragglerWatch(progress, args.ranks)
     degradation = None
     try:
-        ranks = wait_training(proc, progress, args.ranks, log)
+        ranks = wait_until_training(proc, progress, args.ranks, log)
         t_train = time.time()
         follow(watch, proc, args.healthy, log)
         t_degrade = time.time()
@@ -173,7 +157,7 @@ def prf(runs: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, json_flag=True)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--rank", type=int, default=3, help="the rank to degrade")
     parser.add_argument("--modes", nargs="+", default=["healthy", "sigstop", "quota"])
@@ -184,7 +168,6 @@ def main() -> int:
     parser.add_argument("--degraded", type=float, default=12.0, help="seconds of training degraded")
     parser.add_argument("--quota-cores", type=float, default=0.1)
     parser.add_argument("--goal", type=float, default=10.0, help="issue 14: flagged within this many seconds")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     modes = list(args.modes)
@@ -192,9 +175,8 @@ def main() -> int:
     if "quota" in modes and not CpuQuota.available()[0]:
         skipped["quota"] = CpuQuota.available()[1]
         modes.remove("quota")
-    base = Path(tempfile.mkdtemp(prefix="cann-fault-detect-"))
     runs = []
-    try:
+    with scratch_dir("cann-fault-detect-") as base:
         for i in range(args.repeats):
             for mode in modes:
                 runs.append(one_run(args, mode, base / f"{mode}-{i}"))
@@ -204,8 +186,6 @@ def main() -> int:
                         f"  {mode:<8} run {i + 1}: delay {r['delay_s']} s, flagged {r['flagged_ranks']}",
                         flush=True,
                     )
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
     us_report = statistics.median(cost_per_report(r["lines"], args.ranks) for r in runs)
     us_report_1k, ms_step_1k = cost_at_scale()
     for r in runs:

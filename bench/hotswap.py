@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -26,10 +25,9 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, bench_parser
 
-from workers.devices import backend as device_mod  # noqa: E402
+from workers.devices import backend as device_mod
 
 device_mod.prepare_environment()
 
@@ -238,7 +236,7 @@ def report(r: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, json_flag=True)
     parser.add_argument("--model", default="tiny-dense.json", help="model.json, or an example's file name")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
@@ -247,7 +245,6 @@ def main() -> int:
     parser.add_argument("--snapshot-every", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--dir", default=None, help="scratch directory (default: the system temp dir)")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     from workers.training.cli import run_local

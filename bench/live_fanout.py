@@ -43,18 +43,14 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from array import array
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import Stack, bench_parser, local_stack, quantile_ms, relay_acked, run_dir, start_relay
 
 GOAL_P99_MS = 50.0  # issue 16: 50 clients x 2,000 events/s, p99 <= 50 ms, nothing lost
 
@@ -181,98 +177,11 @@ def publisher_process(redis_url, job_id, ranks, rate, seconds, start_at, out):
     out.put({"published": sum(p.published for p in pubs), "errors": sum(p.errors for p in pubs)})
 
 
-# --- the stack --------------------------------------------------------------------------------------------
-def start_stack(args, run_dir: Path, *, relay: bool = True, demo: bool = False) -> dict:
-    """Embedded Redis, a migrated database (with ``make run``'s demo when ``demo``), ``args.web_procs``
-    daphne processes on one loopback port and (``relay``) the relay. Also used by ``bench/api_load.py``."""
-    from controlplane.stack import free_port, start_embedded_redis
-
-    redis_port = free_port()
-    redis_proc = start_embedded_redis(redis_port, run_dir / "redis")
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
-        "DATABASE_URL": args.database_url or f"sqlite:///{run_dir / 'bench.sqlite3'}",
-        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "CANN_TRAIN_VAR_DIR": str(run_dir),
-        "PYTHONUNBUFFERED": "1",
-    }
-    os.environ.update({k: env[k] for k in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL")})
-    os.environ["CANN_TRAIN_VAR_DIR"] = env["CANN_TRAIN_VAR_DIR"]
-    py = sys.executable
-    subprocess.run([py, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-    if demo:
-        subprocess.run(
-            [py, "manage.py", "demo_setup"], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL
-        )
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1024)
-    port = listener.getsockname()[1]
-    procs = {"redis": redis_proc}
-    for i in range(args.web_procs):
-        cmd = [py, "-m", "daphne", "--fd", str(listener.fileno()), "controlplane.asgi:application"]
-        procs[f"web{i}"] = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            pass_fds=(listener.fileno(),),
-            stdout=(run_dir / f"web{i}.log").open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    stack = {"procs": procs, "listener": listener, "env": env, "port": port, "run_dir": run_dir}
-    if relay:
-        start_relay(stack, "after")
-    base = f"http://127.0.0.1:{port}"
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(base + "/healthz", timeout=5):
-                break
-        except urllib.error.HTTPError:  # answering (503: no Celery worker, which this bench does not need)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
-    return {**stack, "ws_url": f"ws://127.0.0.1:{port}/ws/live/"}
-
-
-def start_relay(stack: dict, variant: str) -> None:
-    """Start the relay ``variant`` (``after``: ``manage.py relay``; ``before``: :class:`BaselineRelay`),
-    stopping the one running first."""
-    from controlplane.stack import stop
-
-    if "relay" in stack["procs"]:
-        stop([stack["procs"].pop("relay")])
-    py = sys.executable
-    cmd = [py, "manage.py", "relay"] if variant == "after" else [py, __file__, "--serve-baseline-relay"]
-    stack["procs"]["relay"] = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=stack["env"],
-        stdout=(stack["run_dir"] / f"relay-{variant}.log").open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    # measured only once it relays: an event on a stream of its own, acknowledged (it is stored)
-    import redis
-
-    from workers.events import EventWriter
-
-    r = redis.Redis.from_url(stack["env"]["REDIS_URL"])
-    probe = "search/0"
-    target = EventWriter(r).publish(probe, "event", {"probe": variant})
-    deadline = time.monotonic() + 120
-    while relay_acked(r, probe) < target:
-        if time.monotonic() > deadline or stack["procs"]["relay"].poll() is not None:
-            raise RuntimeError(f"the {variant} relay did not start: see {stack['run_dir']}")
-        time.sleep(0.1)
+# --- the relays: the stack's own (``manage.py relay``, "after") or issue 16's baseline ("before") -------
+def relay_command(variant: str) -> list[str] | None:
+    """The relay ``variant``'s command: ``after`` is the stack's own (``manage.py relay``), ``before`` this
+    file's child process serving :class:`BaselineRelay`."""
+    return None if variant == "after" else [sys.executable, __file__, "--serve-baseline-relay"]
 
 
 def persist_with_orm(events: list[dict]) -> int:
@@ -324,14 +233,6 @@ def serve_baseline_relay() -> None:
     call_command("relay")
 
 
-def stop_stack(stack: dict) -> None:
-    from controlplane.stack import stop
-
-    stop([p for name, p in stack["procs"].items() if name != "redis"])
-    stop([stack["procs"]["redis"]])
-    stack["listener"].close()
-
-
 def seed():
     """A team, a member and their API token (what an API client presents)."""
     import django
@@ -348,30 +249,13 @@ def seed():
     return team, token_issue(user=user, name="live fan-out bench")[1]
 
 
-def relay_acked(r, stream: str, *, read: bool = False) -> int:
-    """Events of ``stream`` the relay has acknowledged: delivered to its group minus still pending (with
-    ``read``: delivered to it, acknowledged or not)."""
-    from workers.events import stream_key
-
-    try:
-        groups = r.xinfo_groups(stream_key(stream))
-    except Exception:  # noqa: BLE001 - the stream or its group does not exist yet
-        return 0
-    for g in groups:
-        if g["name"] in {b"relay", "relay"}:
-            last = g["last-delivered-id"]
-            last = last.decode() if isinstance(last, bytes) else last
-            return int(last.split("-")[0]) - (0 if read else int(g["pending"]))
-    return 0
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (all its threads), from ``/proc/<pid>/stat``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
+def run_config(stack: Stack, team, token, clients, rate, mode, relay, args) -> dict:
     import redis
 
     from controlplane.jobs.models import TrainingJob
@@ -379,7 +263,7 @@ def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
 
     job = TrainingJob.objects.create(team=team, name=f"fanout {clients}x{rate} {mode} {relay}", config={})
     stream = f"job/{job.pk}"
-    r = redis.Redis.from_url(stack["env"]["REDIS_URL"])
+    r = redis.Redis.from_url(stack.redis_url)
     ctx = mp.get_context("spawn")
     ready, out, pub_out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     last_seq, deadline = ctx.Value("q", 0), ctx.Value("d", 0.0)
@@ -388,7 +272,7 @@ def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
     workers = [
         ctx.Process(
             target=client_process,
-            args=(stack["ws_url"], token, stream, n, mode == "batch", ready, out, last_seq, deadline),
+            args=(stack.ws_url, token, stream, n, mode == "batch", ready, out, last_seq, deadline),
         )
         for n in shares
     ]
@@ -400,14 +284,14 @@ def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
     start_at = time.time() + 0.5
     pub = ctx.Process(
         target=publisher_process,
-        args=(stack["env"]["REDIS_URL"], job.pk, args.ranks, rate, args.seconds, start_at, pub_out),
+        args=(stack.redis_url, job.pk, args.ranks, rate, args.seconds, start_at, pub_out),
     )
     pub.start()
     while time.time() < start_at:
         time.sleep(0.01)
     t0, acked0, rows0 = time.monotonic(), relay_acked(r, stream), 0
-    relay_pid = stack["procs"]["relay"].pid
-    web_pids = [p.pid for name, p in stack["procs"].items() if name.startswith("web")]
+    relay_pid = stack.procs["relay"].pid
+    web_pids = [p.pid for name, p in stack.procs.items() if name.startswith("web")]
     relay_cpu0, web_cpu0 = cpu_seconds(relay_pid), sum(cpu_seconds(p) for p in web_pids)
     client_cpu0 = sum(cpu_seconds(w.pid) for w in workers)
     published = pub_out.get(timeout=args.seconds + 120)
@@ -441,9 +325,6 @@ def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
         from_redis.frombytes(res["from_redis"])
     from_redis = sorted(from_redis)
 
-    def q(p, values=lat):
-        return values[min(len(values) - 1, int(p * len(values)))] * 1000 if values else float("nan")
-
     return {
         "clients": clients,
         "rate": rate,
@@ -451,13 +332,13 @@ def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
         "relay": relay,
         "published": total,
         "publish_errors": published["errors"],
-        "p50_ms": q(0.50),
-        "p99_ms": q(0.99),
+        "p50_ms": quantile_ms(lat, 0.50),
+        "p99_ms": quantile_ms(lat, 0.99),
         "max_ms": lat[-1] * 1000 if lat else float("nan"),
         # the same from the event's append to Redis (its "time", ms resolution): without the time it waited
         # in the publishing rank's queue (EventPublisher batches on its own thread)
-        "redis_p50_ms": q(0.50, from_redis),
-        "redis_p99_ms": q(0.99, from_redis),
+        "redis_p50_ms": quantile_ms(from_redis, 0.50),
+        "redis_p99_ms": quantile_ms(from_redis, 0.99),
         "lost": sum(total - res["received"] for res in results),
         "dup_or_disorder": sum(res["dup"] + res["disorder"] for res in results),
         "db_missing": total - stored,
@@ -475,7 +356,7 @@ def run_config(stack, team, token, clients, rate, mode, relay, args) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__, json_flag=True)
     ap.add_argument("--configs", default="1x100,10x500,50x2000", help="CLIENTSxEVENTS_PER_S, comma separated")
     ap.add_argument("--modes", default="batch", help="per-event, batch or both, comma separated")
     ap.add_argument(
@@ -491,7 +372,6 @@ def main() -> int:
     ap.add_argument("--web-procs", type=int, default=1, help="daphne processes behind the one port")
     ap.add_argument("--client-procs", type=int, default=2, help="processes the websocket clients run in")
     ap.add_argument("--database-url", default="")
-    ap.add_argument("--json", action="store_true")
     ap.add_argument("--serve-baseline-relay", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_baseline_relay:  # the bench's own child process: the baseline relay
@@ -499,24 +379,22 @@ def main() -> int:
         return 0
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     modes = args.modes.split(",")
-
-    run_dir = Path(tempfile.mkdtemp(prefix="live-fanout-", dir=ROOT / "var"))
     relays = args.relays.split(",")
     if unknown := set(relays) - {"before", "after"}:
         ap.error(f"--relays takes before and/or after, not {sorted(unknown)}")
-    stack = start_stack(args, run_dir, relay=False)
+
     rows = []
-    try:
+    with local_stack(
+        run_dir("live-fanout-"), database_url=args.database_url, web_procs=args.web_procs
+    ) as stack:
         team, token = seed()
         for relay in relays:
-            start_relay(stack, relay)
+            start_relay(stack, relay, relay_command(relay))
             for clients, rate in configs:
                 for mode in modes:
                     rows.append(run_config(stack, team, token, clients, rate, mode, relay, args))
                     if not args.json:
                         print_row(rows[-1], header=len(rows) == 1)
-    finally:
-        stop_stack(stack)
     if args.json:
         print(json.dumps({"web_procs": args.web_procs, "rows": rows}, indent=2))
     else:

@@ -24,18 +24,15 @@ without the runtime's host-side costs (``hardware.Framework``) that calibrate me
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from harness import bench_parser, scratch_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from workers.planner.calibration import (  # noqa: E402
+from workers.planner.calibration import (
     FIT_BOUNDS,
     ReferenceRun,
     errors,
@@ -45,8 +42,8 @@ from workers.planner.calibration import (  # noqa: E402
     run_efficiency,
     run_errors,
 )
-from workers.planner.examples import DATA, REFERENCE_RUNS  # noqa: E402
-from workers.planner.hardware import efficiency_for  # noqa: E402
+from workers.planner.examples import DATA, REFERENCE_RUNS
+from workers.planner.hardware import efficiency_for
 
 TARGET_MAPE = 8.0
 TARGET_VALIDATION = 15.0  # percent, MAPE over the gathered runs no constant was fitted on
@@ -58,10 +55,9 @@ def measured_here(steps: int) -> bool:
     """Calibrate, then predict and train each example layout here; print both; True when all are within
     ``TARGET_HERE``."""
     import os
-    import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="cann-calibrate-") as tmp:
-        os.environ["CANN_TRAIN_VAR"] = tmp  # hardware.calibration_dir(): the profile below is this run's
+    with scratch_dir("cann-calibrate-") as tmp:
+        os.environ["CANN_TRAIN_VAR"] = str(tmp)  # hardware.calibration_dir(): the profile below is this run's
         from workers.planner.costmodel import CostModel, Layouts
         from workers.planner.hardware import Framework, framework_for
         from workers.planner.specs import ClusterSpec, ModelSpec, Strategy, TrainingConfig
@@ -244,7 +240,7 @@ def _fmt_eff(eff) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", default=str(REFERENCE_RUNS))
     parser.add_argument("--loo", action="store_true", help="leave-one-out: refit without each run (slow)")
     parser.add_argument("--fit", action="store_true", help="fit the constants on all runs and print them")

@@ -6,25 +6,23 @@ contracts/cluster-atlas900.json, 1,024 NPUs) fully searched, best of a few runs,
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser
 
-from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search  # noqa: E402
-from workers.planner.examples import CONTRACTS  # noqa: E402
-from workers.planner.search import clear_caches  # noqa: E402
+from workers.planner import ClusterSpec, ModelSpec, TrainingConfig, search
+from workers.planner.examples import CONTRACTS
+from workers.planner.search import clear_caches
 
 TARGET_S = 2.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--contracts", default=str(CONTRACTS))
     args = parser.parse_args()

@@ -19,25 +19,20 @@ Three figures, each measured in this run:
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import bench_parser, scratch_dir, wait_until_training
 
-from workers.reliability.local_job import launch, stop, straggler_job_config  # noqa: E402
-from workers.reliability.risk_watch import NodeRiskWatch  # noqa: E402
-from workers.reliability.telemetry.job import JobSignals  # noqa: E402
-from workers.reliability.telemetry.sampler import TelemetrySampler, collectors_for_node  # noqa: E402
-from workers.training.supervision.progress import read_progress  # noqa: E402
-from workers.training.supervision.step_times import StepTimesReader, StepTimesWriter  # noqa: E402
+from workers.reliability.local_job import launch, stop, straggler_job_config
+from workers.reliability.risk_watch import NodeRiskWatch
+from workers.reliability.telemetry.job import JobSignals
+from workers.reliability.telemetry.sampler import TelemetrySampler, collectors_for_node
+from workers.training.supervision.step_times import StepTimesReader, StepTimesWriter
 
 BUDGET = 0.01  # issue 14: telemetry collection costs at most 1% of step time
 
@@ -69,18 +64,6 @@ def record_cost(tmp: Path, calls: int = 20000) -> float:
     return seconds
 
 
-def wait_training(proc, progress: Path, ranks: int, log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        found = read_progress(progress)
-        if len(found) == ranks and all((d.get("step") or 0) >= 5 for d in found.values()):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"the job exited:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    raise RuntimeError("the job did not start training in time")
-
-
 def side_by_side(args, work: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     config = work / "job.json"
@@ -90,7 +73,7 @@ def side_by_side(args, work: Path) -> dict:
     phases = []
     events = {"telemetry": 0, "risk": 0}
     try:
-        wait_training(proc, progress, args.ranks, log)
+        wait_until_training(proc, progress, args.ranks, log, min_step=5)
         for i in range(2 * args.pairs):
             on = i % 2 == 1
             start = time.time()
@@ -130,23 +113,19 @@ def side_by_side(args, work: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, json_flag=True)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--interval", type=float, default=5.0, help="the default telemetry interval")
     parser.add_argument("--ab-interval", type=float, default=1.0, help="telemetry interval in the on phases")
     parser.add_argument("--phase", type=float, default=12.0, help="seconds per phase")
     parser.add_argument("--pairs", type=int, default=3, help="off/on pairs")
     parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="cann-telemetry-cost-"))
-    try:
+    with scratch_dir("cann-telemetry-cost-") as work:
         sampler = sampler_cost(args.samples)
         record_s = record_cost(work / "lines")
         ab = side_by_side(args, work / "job")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     off = [p["median_step_s"] for p in ab["phases"] if not p["watch"] and p["median_step_s"]]
     on = [p["median_step_s"] for p in ab["phases"] if p["watch"] and p["median_step_s"]]
     step_s = statistics.median(off + on)

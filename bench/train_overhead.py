@@ -9,22 +9,21 @@
    this machine's CPUs; with fewer cores than ranks, more ranks is slower, and the figure says so).
 
     .venv/bin/python bench/train_overhead.py [--steps 40] [--redis-url redis://127.0.0.1:6379/0] [--skip-scaling]
+
+Without ``--redis-url`` (or ``REDIS_URL``) the bench starts an embedded Redis of its own (``bench/harness.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import ROOT, bench_parser, local_stack, scratch_dir, single_rank_rendezvous
 
-from workers.devices import backend as device_mod  # noqa: E402
+from workers.devices import backend as device_mod
 
 device_mod.prepare_environment()
 
@@ -51,12 +50,10 @@ def publishing_overhead(steps: int, redis_url: str, rounds: int) -> dict:
     import torch
 
     from workers.events import read_since, seq_key, stream_key
-    from workers.training.launch import free_port
     from workers.training.trainer import Trainer
 
     torch.set_num_threads(1)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    single_rank_rendezvous()
     job_id = str(800_000 + uuid.uuid4().int % 99_999)
     client = redis.Redis.from_url(redis_url)
     client.ping()
@@ -120,15 +117,19 @@ def scaling(steps: int) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, json_flag=True)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL"),
+        help="the Redis the events go to (default: $REDIS_URL, else an embedded one this bench starts)",
+    )
     parser.add_argument("--skip-scaling", action="store_true")
-    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    pub = publishing_overhead(args.steps, args.redis_url, args.rounds)
+    with scratch_dir("cann-train-overhead-") as work, local_stack(work, redis_url=args.redis_url) as stack:
+        pub = publishing_overhead(args.steps, stack.redis_url, args.rounds)
     rows = [] if args.skip_scaling else scaling(max(6, args.steps // 4))
     if args.json:
         print(json.dumps({"publishing": pub, "scaling": rows}))

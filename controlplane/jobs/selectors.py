@@ -50,7 +50,7 @@ def strategy_short(strategy: dict | None) -> str:
 
 # rows the jobs page lists (newest first)
 LIST_LIMIT = 200
-# steps averaged into a running (or stopped) job's figures: the job page's STEADY_WINDOW (jobs.js)
+# steps averaged into a running (or stopped) job's figures: the job page's STEADY_WINDOW (job_series.js)
 STEADY_WINDOW = 10
 # newest events read per stream to find them (profiled steps and lifecycle events fall in between)
 STEADY_TAIL = 4 * STEADY_WINDOW
@@ -58,7 +58,7 @@ STEADY_TAIL = 4 * STEADY_WINDOW
 
 @dataclass
 class SteadyFigures:
-    """A job's live figures as its page computes them (``JobSeries`` in jobs.js): the mean step time and
+    """A job's live figures as its page computes them (``JobSeries`` in job_series.js): the mean step time and
     tokens/s over the latest ``STEADY_WINDOW`` steady steps of the latest run segment, leaving out the
     first step of a segment and profiled steps (a step that does not increase starts a new segment: a
     relaunch, a restart). ``recent`` is that window, so a page can go on from it with live events."""

@@ -12,7 +12,7 @@ import { JOB_STATES } from "./event_text.js";
 import { MISSING, formatNumber, formatSeconds, getJSON, h } from "./common.js";
 
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-export const STEADY_WINDOW = 10;   // the job page's window (jobs.js) and the selector's (STEADY_WINDOW)
+export const STEADY_WINDOW = 10;   // the job page's window (job_series.js) and the selector's (STEADY_WINDOW)
 const MAX_FOLLOWED = 40;           // the websocket allows 50 streams per connection
 const REFRESH_DELAY_MS = 250;      // notices arriving together are read in one request
 const ROWS_API = "/api/jobs/rows/";
@@ -160,7 +160,7 @@ export class LiveJobRows {
     }
   }
 
-  // the job page's steady window (jobs.js JobSeries): a step that does not increase, or a new attempt,
+  // the job page's steady window (job_series.js JobSeries): a step that does not increase, or a new attempt,
   // starts a new segment; its first step and profiled steps are left out
   pushStep(row, step, v) {
     const s = this.series.get(row.id);

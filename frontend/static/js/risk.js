@@ -10,7 +10,7 @@
 // reasons, the flags and actions as a timeline, risk over time (one line per node, flags and actions
 // marked), and per node its
 // telemetry over time (CPU, memory, each rank's median step time) with the sources it lacks. History first,
-// then live, as the energy panel (jobs.js). The dashboard (LiveRiskBadges): one badge per running job, read
+// then live, as the energy panel (job_energy.js). The dashboard (LiveRiskBadges): one badge per running job, read
 // from the job API's `risk` and updated by live risk events.
 import { COLORS, PLOT_CONFIG, chartLayout, referenceLine, withReferences } from "./charts.js";
 import { MISSING, formatNumber, formatPercent, formatSeconds, getJSON, h } from "./common.js";
@@ -134,7 +134,7 @@ function unitOf(key) {
 // ------------------------------------------------------------------------------------- job page
 
 export class FaultRiskPanel {
-  // page: the job page's data; currentAttempt(): the attempt the job is on now (jobs.js AttemptTracker);
+  // page: the job page's data; currentAttempt(): the attempt the job is on now (job_series.js AttemptTracker);
   // the panel's element says whether the job takes snapshots (data-protected)
   constructor(page, currentAttempt) {
     this.page = page;
