@@ -14,7 +14,6 @@ field (``strategy.tp``, ``training.global_batch_size``), so the CLI can print it
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -38,28 +37,6 @@ MoEConfig = MoESpec
 class ConfigError(SpecError):
     """Invalid input; ``field`` names the (first) offending contract field (``strategy.tp``,
     ``model.moe.top_k``), ``errors`` all of them. ``ConfigError("strategy.tp", "must divide ...")``."""
-
-
-def _int(d: dict, key: str, prefix: str, *, minimum: int = 1, default: Any = ...) -> int:
-    if key not in d or d[key] is None:
-        if default is ...:
-            raise ConfigError(f"{prefix}.{key}", "is required")
-        return default
-    value = d[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise ConfigError(f"{prefix}.{key}", f"must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{prefix}.{key}", f"must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _float(d: dict, key: str, prefix: str, default: float) -> float:
-    value = d.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{prefix}.{key}", f"must be a number, got {value!r}")
-    return float(value)
 
 
 def _planner_parse(parse, d: Any, doc: str):
@@ -280,16 +257,16 @@ class JobConfigMethods:
             raise ConfigError({key: [message] for key in sorted(unknown)})
         if "model" not in d:
             raise ConfigError("model", "is required")
-        kwargs = {
-            k: v for k, v in d.items() if k not in cls._option_names() or v is not None or cls._nullable(k)
-        }
+        options = by_name(cls.OPTIONS)
+        # an option given as null is left out (its default applies), unless null is one of its values
+        kwargs = {k: v for k, v in d.items() if v is not None or k not in options or options[k].nullable}
         kwargs["model"] = parse_model(d["model"])
         kwargs["strategy"] = ParallelConfig.from_dict(d.get("strategy") or {})
         kwargs["training"] = TrainingSpec.from_dict(d.get("training"))
         if isinstance(kwargs.get("job_id"), int) and not isinstance(kwargs["job_id"], bool):
             kwargs["job_id"] = str(kwargs["job_id"])  # a job id may come as a number
         errors: dict[str, list[str]] = {}
-        for option in cls.OPTIONS:
+        for option in options.values():
             if option.name in kwargs:
                 try:
                     kwargs[option.name] = option.parse(kwargs[option.name])
@@ -300,14 +277,6 @@ class JobConfigMethods:
         if kwargs.get("resume_from") is not None:
             kwargs["resume"] = True
         return cls(**kwargs).validate()
-
-    @classmethod
-    def _option_names(cls) -> set[str]:
-        return {o.name for o in cls.OPTIONS}
-
-    @classmethod
-    def _nullable(cls, name: str) -> bool:
-        return by_name(cls.OPTIONS)[name].nullable
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

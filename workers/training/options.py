@@ -228,11 +228,8 @@ def add_option_flags(
     from the table; ``defaults`` sets a command's own default (``cann-train elastic`` snapshots every 5
     steps); otherwise a flag left out is None, and the job config's default applies. ``notes`` adds what the
     flag means to this command (``cann-train render --snapshot-dir``: implies resume)."""
-    table = tuple(table)
-    index = by_name(table)
-    chosen = [o for o in table if o.cli] if names is None else [index[n] for n in names]
     defaults = dict(defaults or {})
-    for o in chosen:
+    for o in _chosen(table, names):
         default = defaults.get(o.name)
         shown = o.default if default is None else default
         help_text = o.help + ("" if shown is None or shown is False else f" (default {shown})")
@@ -251,6 +248,15 @@ def add_option_flags(
             metavar=o.metavar or (None if o.choices else o.name.upper().rsplit("_", 1)[-1]),
             help=help_text.replace("%", "%%"),  # argparse %-formats help
         )
+
+
+def _chosen(table: Iterable[Option], names: Iterable[str] | None) -> list[Option]:
+    """The options named (in that order), or every ``cli`` one when ``names`` is None."""
+    table = tuple(table)
+    if names is None:
+        return [o for o in table if o.cli]
+    index = by_name(table)
+    return [index[n] for n in names]
 
 
 def _flag_type(o: Option) -> Callable[[str], Any]:
@@ -275,10 +281,8 @@ def options_from_args(
     args: argparse.Namespace, names: Iterable[str] | None = None, table: Iterable[Option] = OPTIONS
 ) -> dict[str, Any]:
     """The options the flags gave (left-out flags are left out: the job config's defaults apply)."""
-    table = tuple(table)
-    chosen = [o for o in table if o.cli] if names is None else [by_name(table)[n] for n in names]
     out = {}
-    for o in chosen:
+    for o in _chosen(table, names):
         value = getattr(args, o.name, None)
         if value is None or (o.kind is bool and value is False):
             continue
