@@ -11,7 +11,7 @@ set ``acks_late`` + ``reject_on_worker_lost`` so a worker that dies mid-task doe
 Observability (README "Observability"): a task published while a request is answered carries its request
 id in a message header, restored into the log context of the run with the task's ``job_id`` / ``search_id``;
 ``LOG_FORMAT=json`` makes the worker's log lines JSON; ``CELERY_METRICS_PORT`` opens the worker's Prometheus
-endpoint (``controlplane.common.worker_metrics``).
+endpoint (``controlplane.common.worker_metrics``); ``SIGUSR2`` dumps every thread's stack into its log.
 """
 
 from __future__ import annotations
@@ -91,6 +91,48 @@ def count_failure(sender=None, exception=None, **_) -> None:
     from controlplane.common import worker_metrics
 
     worker_metrics.task_failed(getattr(sender, "name", str(sender)), exception)
+
+
+@worker_init.connect
+def dump_stacks_on_sigusr2(**_) -> None:
+    """``kill -USR2 <worker pid>`` writes every thread's Python stack to the worker's log (stderr) even while
+    a thread holds the GIL: what a worker whose supervisors stopped beating is doing. Celery's own SIGUSR1
+    dump is Python code, which such a worker never runs; faulthandler's handler is C. Prefork children
+    inherit it. (Celery takes SIGUSR2 only for its remote debugger, with ``CELERY_RDBSIG`` set.)"""
+    import faulthandler
+    import signal
+    import sys
+
+    if not os.environ.get("CELERY_RDBSIG"):
+        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
+
+
+# what a node's supervision imports on its first job (the elastic watch's snapshot storage is torch: 0.7 s on
+# a quiet machine, 4-13 s measured under the test suite's load)
+NODE_SUPERVISION_MODULES = (
+    "workers.training.checkpoint.storage",
+    "workers.reliability.elastic",
+    "workers.reliability.risk_watch",
+)
+
+
+@worker_init.connect
+def warm_node_supervision(sender=None, **_) -> None:
+    """A worker that supervises nodes (it consumes ``training`` or a ``node.<name>`` queue) imports what a
+    node's watches need before it takes a task: otherwise a fresh worker's first node imports torch while
+    its heartbeats, telemetry and polls run, each waiting on that import's module locks or on the CPU it
+    takes, and the reaper may give a live node up. Prefork children inherit the modules."""
+    import importlib
+    import logging
+    import time
+
+    queues = set(sender.app.amqp.queues.consume_from) if sender is not None else set()
+    if "training" not in queues and not any(q.startswith("node.") for q in queues):
+        return
+    started = time.monotonic()
+    for name in NODE_SUPERVISION_MODULES:
+        importlib.import_module(name)
+    logging.getLogger(__name__).info("node supervision imported in %.1f s", time.monotonic() - started)
 
 
 @worker_init.connect

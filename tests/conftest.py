@@ -160,6 +160,40 @@ RUNNING_STACKS: list[Stack] = []
 """The stacks this session has running: every one's relay reads the test database."""
 
 
+def stacks_at_failure(worker_lines: int = 300, relay_lines: int = 40) -> str:
+    """What the running stacks were doing: each worker asked for its threads' stacks (SIGUSR2: the
+    worker's faulthandler, ``controlplane/celery.py``), then the tail of its log and its relay's."""
+    asked = []
+    for stack in RUNNING_STACKS:
+        worker = stack.procs.get("worker")
+        if worker is not None and worker.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGUSR2)
+                asked.append(worker)
+    if asked:
+        time.sleep(1.0)  # the dump is written by the worker's own signal handler
+    parts = []
+    for stack in RUNNING_STACKS:
+        for name, lines in (("worker", worker_lines), ("relay", relay_lines)):
+            if (log := stack.logs.get(name)) is not None and log.exists():
+                tail = log.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"== {log} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails while stacks run says what their workers were doing (a supervisor that stopped
+    beating, a task that never returned) in its report: CI keeps no files of a run."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and RUNNING_STACKS:
+        try:
+            report.sections.append(("stacks at the failure", stacks_at_failure()))
+        except Exception as exc:  # noqa: BLE001 - the failure itself matters more than its context
+            report.sections.append(("stacks at the failure", f"not read: {exc!r}"))
+
+
 def stop_stack(stack: Stack) -> None:
     from controlplane.stack import stop
 

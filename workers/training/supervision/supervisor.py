@@ -25,6 +25,8 @@ from pathlib import Path
 HEARTBEAT_EVERY_S = 2.0
 POLL_EVERY_S = 0.25
 KILL_GRACE_S = 10.0
+# a beat this many intervals slow to record is logged (so is one woken an interval late)
+SLOW_BEAT_FACTOR = 2.0
 RDZV_WAIT_S = 120.0
 LOG_TAIL_CHARS = 6000
 OUTPUT_EVERY_S = 1.0
@@ -250,11 +252,20 @@ class _Heartbeats(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        due = None
         try:
             while not self._done.is_set():
+                started = time.monotonic()
+                if due is not None and started - due > self._every_s:
+                    # woken this late: the process did not run this thread (a thread holding the GIL, an
+                    # overloaded machine); the control plane's reaper sees the same gap
+                    log.warning("heartbeat %.1f s late (every %.1f s)", started - due, self._every_s)
                 if self._beat():
                     self.wants_stop.set()
                     return
+                if (took := time.monotonic() - started) > SLOW_BEAT_FACTOR * self._every_s:
+                    log.warning("heartbeat took %.1f s to record (every %.1f s)", took, self._every_s)
+                due = time.monotonic() + self._every_s
                 self._done.wait(self._every_s)
         except BaseException as exc:  # noqa: BLE001 - handed to the supervising loop, which raises it
             self.error = exc
