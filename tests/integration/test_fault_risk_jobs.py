@@ -9,11 +9,13 @@ buckets filled) must raise no flag -- the "no flag on a healthy run of the same 
 the test's time --, the degraded part must flag rank 3, and only rank 3, while it is degraded, and the high risk must trigger the prevention loop's first actions: a warning, then a snapshot now,
 which the ranks take off the job's cadence while the job goes on training.
 
-How fast is a performance target, so it is the bench's: ``bench/fault_detect.py`` measures the time to flag
-against issue 14's 10 s goal, healthy and degraded runs side by side on a quiet machine. Here the job shares
-two cores with another test file's processes, whose load is noise in every rank's compute time (the
-detector's pooled spread), so the bound is ``FLAG_BOUND_S`` (CI flagged after 10.3 s once, 2026-12-04) and
-the measured delay goes into the JUnit report (``flag_delay_s``).
+The time to flag is timed from the degradation's first stop to the watch publishing the flag, and bounded by
+what the product promises (issue 14: 10 s) plus a slack said here: on CI the job shares two cores with
+another test file's processes, whose load is noise in every healthy rank's compute time (the detector's
+pooled spread), so a degraded bucket can miss the outlier cut and the flag waits for the next slow one (CI
+flagged after 10.3 s once, 2026-12-04: one or two buckets late). ``bench/fault_detect.py`` measures the
+10 s goal itself, healthy and degraded runs side by side; the delay here goes into the JUnit report
+(``flag_delay_s``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 RANKS = 4
 DEGRADED_RANK = 3
 HEALTHY_S = 7.0  # > the detector's 5 one-second buckets of history, after its warm-up steps
-FLAG_BOUND_S = 30.0  # flagged while degraded, on a loaded machine (the 10 s goal is bench/fault_detect.py's)
+GOAL_S = 10.0  # issue 14: flagged within 10 s of the degradation
+LOAD_SLACK_S = 10.0  # a loaded 2-core machine: degraded buckets lost in the co-scheduled tests' noise
+FLAG_BOUND_S = GOAL_S + LOAD_SLACK_S
 
 
 def risk_events(stream: str) -> list[dict]:
