@@ -65,7 +65,6 @@ def test_runtime_reads_model_json_with_the_planners_defaults_and_rules():
     assert set(err.value.errors) == {"model.num_kv_heads", "model.moe.top_k"}  # every problem, named
     for field, change in (
         ("model.hidden_size", {"hidden_size": 36, "num_attention_heads": 4, "num_kv_heads": 4}),  # head dim 9
-        ("model.tied_embeddings", {"tied_embeddings": True}),
         ("model.vocab_size", {"vocab_size": 100}),
         ("model", None),
     ):

@@ -52,21 +52,16 @@ def _planner_parse(parse, d: Any, doc: str):
 
 def parse_model(d: Any) -> ModelSpec:
     """``model.json`` as the planner reads it, plus what this runtime needs: an even head dimension
-    (rotary embeddings), at least 256 tokens of vocabulary (byte-level data), 2+ tokens a sequence and
-    separate input/output embeddings. MoE routing is dropless: ``capacity_factor`` and ``load_imbalance``
+    (rotary embeddings), at least 256 tokens of vocabulary (byte-level data) and 2+ tokens a sequence
+    (tied embeddings need one pipeline stage: :meth:`JobConfig.validate`). MoE routing is dropless: ``capacity_factor`` and ``load_imbalance``
     are planner figures; the runtime measures the real imbalance (``expert_load``)."""
     m = _planner_parse(ModelSpec.from_dict, d, "model")
     if m.head_dim % 2:
-        raise ConfigError("model.hidden_size", "hidden_size / num_attention_heads must be even (rotary)")
+        raise ConfigError("model.hidden_size", f"the head width ({m.head_dim}) must be even (rotary)")
     if m.vocab_size < 256:
         raise ConfigError("model.vocab_size", f"must be >= 256 for byte-level tokens, got {m.vocab_size}")
     if m.seq_length < 2:
         raise ConfigError("model.seq_length", f"must be >= 2 (next-token targets), got {m.seq_length}")
-    if m.tied_embeddings:
-        raise ConfigError(
-            "model.tied_embeddings",
-            "the training runtime keeps separate input and output embeddings (set false or leave it out)",
-        )
     return m
 
 
@@ -201,6 +196,12 @@ class JobConfigMethods:
             fail("strategy.vpp", "virtual pipeline stages need pp > 1")
         if s.pp * s.vpp > m.num_layers:
             fail("strategy.pp", f"pp*vpp ({s.pp * s.vpp}) exceeds num_layers ({m.num_layers})")
+        if m.tied_embeddings and s.pp > 1:
+            fail(
+                "strategy.pp",
+                "a model with tied embeddings trains on one pipeline stage (pp=1): the first stage's embedding "
+                "and the last stage's output projection would be one matrix on two ranks",
+            )
         if s.layers_per_stage is not None:
             fail("strategy.layers_per_stage", stage_split_problem(s.layers_per_stage, s.pp, m.num_layers))
         if batch_splits and s.pp > 1 and self.num_microbatches < s.pp:

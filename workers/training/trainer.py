@@ -389,10 +389,13 @@ class Trainer:
         return [sw for st in self.pm.comm_states if hasattr(st, "take_switches") for sw in st.take_switches()]
 
     def _update_expert_bias(self, global_loads: torch.Tensor) -> None:
-        """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i)."""
+        """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i). Not for a
+        softmax router (Mixtral, Qwen-MoE): it has no bias, and its checkpoint's users route without one."""
         rate = self.cfg.expert_bias_update_rate
         with torch.no_grad():
             for layer_id, moe in self.pm.moe_layers():
+                if moe.softmax_router:
+                    continue
                 load = global_loads[self.moe_layer_ids.index(layer_id)]
                 moe.expert_bias.add_(rate * torch.sign(load.mean() - load))
 

@@ -36,18 +36,19 @@ class ComputeCosts:
         ``layers`` (GEMMs incl. the s^2 attention term), ``core`` (the attention-score part of it) and
         ``logits``. Narayanan et al. SC'21 eq. (3) for dense GPT: 24 s h^2 + 4 s^2 h per layer, 2 s h V."""
         m = self.model
-        s, h, hd = m.seq_length, m.hidden_size, m.head_dim
+        s, h, hd, q = m.seq_length, m.hidden_size, m.head_dim, m.q_width
         kvd = m.num_kv_heads * hd
-        qkv = 2 * s * h * (h + 2 * kvd)
-        core = 2 * 2 * s * s * h  # QK^T and attention-over-V
-        proj = 2 * s * h * h
+        qkv = 2 * s * h * (q + 2 * kvd)
+        core = 2 * 2 * s * s * q  # QK^T and attention-over-V
+        proj = 2 * s * q * h
         dense_mlp = 2 * s * h * m.ffn_hidden_size * self.mats
         layers = m.num_layers * (qkv + core + proj) + self.n_dense * dense_mlp
         if m.moe:
             fe = m.moe.expert_ffn_hidden_size
             # top-k routed experts plus shared experts and the router (Fedus et al. 2022; activated params)
             per_token = (
-                2 * h * fe * self.mats * (m.moe.top_k + m.moe.num_shared_experts) + 2 * h * m.moe.num_experts
+                2 * h * self.mats * (fe * m.moe.top_k + m.moe.shared_ffn_hidden_size)
+                + 2 * h * m.moe.num_experts
             )
             layers += self.n_moe * s * per_token
         logits = 2 * s * h * m.vocab_size
@@ -63,10 +64,10 @@ class ComputeCosts:
         b = L.mbs.astype(np.float64)
         s_loc = s / L.cp.astype(np.float64)
         T = b * s_loc
-        qkv = gemm_time(eff, P, 1.0, T, (h + 2 * kvd) / t, h)
+        qkv = gemm_time(eff, P, 1.0, T, (m.q_width + 2 * kvd) / t, h)
         scores = gemm_time(eff, P, b * a / t, s_loc, s, hd)
         context = gemm_time(eff, P, b * a / t, s_loc, hd, s)
-        proj = gemm_time(eff, P, 1.0, T, h, h / t)
+        proj = gemm_time(eff, P, 1.0, T, h, m.q_width / t)
         f = m.ffn_hidden_size
         mlp = gemm_time(eff, P, 1.0, T, (self.mats - 1) * f / t, h) + gemm_time(eff, P, 1.0, T, h, f / t)
         out = {"attn": qkv + proj, "core": scores + context, "dense_mlp": mlp}
@@ -78,11 +79,11 @@ class ComputeCosts:
             experts = gemm_time(eff, P, local, tok, (self.mats - 1) * fe / t, h) + gemm_time(
                 eff, P, local, tok, h, fe / t
             )
-            ns = m.moe.num_shared_experts
+            fs = m.moe.shared_ffn_hidden_size
             shared = 0.0
-            if ns:
-                shared = gemm_time(eff, P, 1.0, T, (self.mats - 1) * fe * ns / t, h) + gemm_time(
-                    eff, P, 1.0, T, h, fe * ns / t
+            if fs:
+                shared = gemm_time(eff, P, 1.0, T, (self.mats - 1) * fs / t, h) + gemm_time(
+                    eff, P, 1.0, T, h, fs / t
                 )
             router = gemm_time(eff, P, 1.0, T, E, h)
             out["moe_mlp"] = experts + shared + router

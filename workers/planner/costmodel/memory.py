@@ -110,7 +110,7 @@ class MemoryCosts:
         # MLP input 2sbh, two dropout masks sbh each)
         replicated = 10.0 * T * h
         # Q, K, V (GQA: K and V have kv_heads) and the projection input: 2sbh + 4sbh in eq. 1 when kv = a
-        attn_split = 2 * T * h + 4 * T * kvd + 2 * T * h
+        attn_split = 2 * T * m.q_width + 4 * T * kvd + 2 * T * m.q_width
         f = m.ffn_hidden_size
         # MLP: activation input and output, 16sbh for gelu with f = 4h (eq. 1); gated: two inputs + output
         mlp_split = (6.0 if self.mats == 3 else 4.0) * T * f
@@ -125,7 +125,7 @@ class MemoryCosts:
             fe = m.moe.expert_ffn_hidden_size
             routed = T * m.moe.top_k * self.moe_load(L)
             expert_act = routed * (2 * h + (6.0 if self.mats == 3 else 4.0) * fe)
-            shared_act = (6.0 if self.mats == 3 else 4.0) * T * fe * m.moe.num_shared_experts
+            shared_act = (6.0 if self.mats == 3 else 4.0) * T * m.moe.shared_ffn_hidden_size
             out["moe_split"] = (attn_split + expert_act + shared_act) * scale
         else:
             out["moe_split"] = out["dense_split"]

@@ -14,7 +14,7 @@ from here.
 
 from .cluster import ClusterSpec, DeviceSpec, LinkSpec, TierSpec
 from .inputs import load_inputs
-from .model import ACTIVATIONS, ModelSpec, MoESpec
+from .model import ACTIVATIONS, OWN_ARCHITECTURE, OWN_FAMILY, ArchitectureSpec, ModelSpec, MoESpec
 from .schema import FIELD_CHOICES, document_schema
 from .strategy import (
     PLAIN_STRATEGY,
@@ -32,6 +32,9 @@ from .validation import DOCUMENT_NAMES, MAX_NAME_CHARS, MAXIMA, SpecError, name_
 
 __all__ = [
     "ACTIVATIONS",
+    "OWN_ARCHITECTURE",
+    "OWN_FAMILY",
+    "ArchitectureSpec",
     "DOCUMENT_NAMES",
     "DTYPES",
     "DTYPE_BYTES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .model import ACTIVATIONS
+from .model import ACTIVATIONS, ROTARY_LAYOUTS, ROUTERS
 from .strategy import RECOMPUTE_MODES
 from .training import DTYPES, OPTIMIZERS
 from .validation import SpecError
@@ -17,6 +17,8 @@ FIELD_CHOICES = {
     "dtype": DTYPES,
     "optimizer": OPTIMIZERS,
     "recompute": RECOMPUTE_MODES,
+    "rotary": ROTARY_LAYOUTS,
+    "router": ROUTERS,
 }
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 

@@ -34,6 +34,7 @@ class SpecError(ValueError):
 DOCUMENT_NAMES = {
     "model": "model.json",
     "moe": "model.json's moe",
+    "architecture": "model.json's architecture",
     "cluster": "cluster.json",
     "device": "cluster.json's device",
     "link": "a cluster.json link (intra_node, inter_node)",
@@ -181,6 +182,15 @@ class DocumentChecker:
             return None
         if value not in choices:
             self.fail(name, f"must be one of {', '.join(choices)}, got {value!r}")
+            return None
+        return value
+
+    def boolean(self, name: str, default: Any = dataclasses.MISSING) -> bool | None:
+        value = self.raw(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            self.fail(name, f"must be true or false, got {value!r}")
             return None
         return value
 
