@@ -187,7 +187,8 @@ def pytest_runtest_makereport(item, call):
     beating, a task that never returned) in its report: CI keeps no files of a run."""
     outcome = yield
     report = outcome.get_result()
-    if report.failed and RUNNING_STACKS:
+    # the tiers whose tests talk to a stack (an engine test beside a running session stack is not about it)
+    if report.failed and RUNNING_STACKS and {"integration", "browser"} & set(item.path.parts):
         try:
             report.sections.append(("stacks at the failure", stacks_at_failure()))
         except Exception as exc:  # noqa: BLE001 - the failure itself matters more than its context

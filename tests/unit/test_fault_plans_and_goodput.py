@@ -225,3 +225,28 @@ def test_maturity_level_is_the_highest_whose_criteria_all_hold():
     )
     assert no_restarts["level"] == 3
     assert maturity({}, from_plan=True, ran=False, max_restarts=3)["level"] == 0  # planned, never ran
+
+
+def test_two_kills_due_at_once_hit_two_groups_not_one():
+    """A poll that comes late (the ranks already past both faults' steps) fires the first kill only; the
+    second waits for the group torchrun restarts, so two injected kills are two faults, two restarts."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)]
+    try:
+        injector = FaultInjector("kill-rank@step=5,kill-rank@step=11:rank=0", world_size=2)
+        first_group = {
+            r: {"step": 12, "restart": 0, "phase": "training", "pid": procs[r].pid} for r in (0, 1)
+        }
+        fired = injector.poll(first_group)
+        assert [(f.fault, f.rank) for f in fired] == [("kill-rank@step=5", 1)]
+        assert procs[1].wait(5) == -9 and procs[0].poll() is None  # rank 0 of that group left alone
+        assert injector.poll(first_group) == []  # the same group again (its rank 0 not yet restarted)
+        second_group = {
+            r: {"step": 11, "restart": 1, "phase": "training", "pid": procs[2 + r].pid} for r in (0, 1)
+        }
+        fired = injector.poll(second_group)
+        assert [(f.fault, f.rank, f.restart) for f in fired] == [("kill-rank@step=11:rank=0", 0, 1)]
+        assert procs[2].wait(5) == -9 and procs[3].poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

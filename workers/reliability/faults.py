@@ -96,6 +96,10 @@ class FaultInjector:
         self.links_down: dict[str, Fired] = {}
         """Network namespace -> the ``drop-link`` that took its link down, until :meth:`restore_links`."""
         self._done: set[str] = set(self._load_state())
+        self._disrupted_restart: int | None = None
+        """The torchrun restart whose ranks the last kill or hang hit: the next one waits for the group
+        after it. Two kills due at once (a poll that came late, the ranks several steps on) would otherwise
+        both hit one group, which restarts once: one fault recorded for two injected."""
 
     def _load_state(self) -> list[str]:
         if self.state_path is None or not self.state_path.exists():
@@ -126,6 +130,13 @@ class FaultInjector:
                 break
             if doc.get("phase") not in ("training", "finishing"):
                 break
+            disrupting = fault.kind in ("kill-rank", "hang-rank")
+            if (
+                disrupting
+                and self._disrupted_restart is not None
+                and (doc.get("restart") or 0) <= self._disrupted_restart
+            ):
+                break  # that group's ranks are dying or hung: this fault is for the group that follows
             event = self._fire(fault, rank, doc)
             if event is None:
                 break  # not possible yet (no snapshot published): try again at the next poll
@@ -133,6 +144,8 @@ class FaultInjector:
             self._save_state()
             self.fired.append(event)
             fired.append(event)
+            if disrupting:
+                self._disrupted_restart = doc.get("restart") or 0
         return fired
 
     def _fire(self, fault: Fault, rank: int, doc: dict) -> Fired | None:

@@ -36,6 +36,9 @@ def apply_tp(part: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) ->
         top_plan["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     if top_plan:
         parallelize_module(part, tp_mesh, top_plan)
+    if part.config.tied_embeddings and part.tok_embeddings is not None and part.output is not None:
+        # each module got a DTensor of its own; both are Shard(0) of the same [vocab, hidden] matrix
+        part.output.weight = part.tok_embeddings.weight
     for block in part.layers.values():
         plan = {
             "attention.wq": ColwiseParallel(),
@@ -43,6 +46,11 @@ def apply_tp(part: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) ->
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq),
         }
+        if block.attention.q_norm is not None:
+            # Qwen3's per-head q/k norms see only this rank's heads: as replicated DTensors over the heads'
+            # dim (torchtitan's Qwen3 plan) their gradients come out partial and are summed over tp
+            plan["attention.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["attention.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         if sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()

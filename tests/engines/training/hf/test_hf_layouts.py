@@ -1,0 +1,79 @@
+"""A Hugging Face model loaded into the runtime under tp2, pp2 and (MoE) ep2 gives ``transformers``' logits:
+the checkpoint is read into the whole model (a pipeline stage: only its layers) before the runtime's own
+``parallelize`` shards it, and the sharded model's forward is compared with the reference's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engines.ranks import spawn_ranks
+from tests.engines.training.hf.tiny import logits, save_tiny
+
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # 7 two-rank runs, ~2 min on two cores
+
+SEQ = 32
+TOL = 1e-4
+
+
+def scenarios(rank: int, world: int, directory: str, strategy: dict, tokens: torch.Tensor) -> dict:
+    import torch.distributed as dist
+
+    from workers.training.config import JobConfig
+    from workers.training.hf import load_hf_weights, spec_from_hf_config
+    from workers.training.model import Transformer
+    from workers.training.parallel.pipeline import pipeline_split
+    from workers.training.parallelize import parallelize
+
+    spec = spec_from_hf_config(directory, seq_length=SEQ)
+    cfg = JobConfig.from_dict(
+        {"model": spec.to_dict(), "strategy": strategy, "training": {"global_batch_size": 2 * world}}
+    )
+    model = Transformer(cfg.model)
+    if strategy.get("pp", 1) > 1:  # what a stage reads: its own layers only
+        ((_, stage),) = pipeline_split(Transformer(cfg.model), rank, strategy["pp"], 1)
+        read_by_stage = load_hf_weights(stage, cfg.model, directory)
+    load_hf_weights(model, cfg.model, directory)
+    pm = parallelize(model, cfg, torch.device("cpu"), world, rank)
+    part = pm.raw_parts[0]
+    part.eval()
+    with torch.no_grad():
+        if strategy.get("pp", 1) > 1:  # the stages by hand: stage 0's hidden states to stage 1
+            if rank == 0:
+                dist.send(part(tokens).contiguous(), 1)
+                return {"read_by_stage": read_by_stage}
+            hidden = torch.empty(tokens.shape[0], SEQ, cfg.model.hidden_size)
+            dist.recv(hidden, 0)
+            return {"logits": part(hidden).float(), "read_by_stage": read_by_stage}
+        return {"logits": pm.parts[0](tokens).float()}
+
+
+@pytest.mark.parametrize(
+    "family, strategy",
+    [
+        ("llama3.1", {"tp": 2}),
+        ("qwen3", {"tp": 2, "sequence_parallel": True}),
+        ("llama-tied-biases", {"tp": 2}),
+        ("qwen2", {"pp": 2, "micro_batch_size": 1}),
+        ("mixtral", {"dp": 2, "ep": 2}),
+        ("qwen2_moe", {"dp": 2, "ep": 2}),
+        ("qwen3_moe", {"tp": 2}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{v}" for k, v in v.items() if v is not True),
+)
+def test_a_layout_gives_the_reference_logits(family, strategy, tmp_path):
+    ref = save_tiny(family, tmp_path / "hf")
+    tokens = torch.randint(0, ref.config.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    expected = logits(ref, tokens)
+    results = spawn_ranks(scenarios, 2, str(tmp_path / "hf"), strategy, tokens)
+    got = [r["logits"] for r in results if "logits" in r]
+    assert got, results
+    for out in got:
+        assert (out - expected).abs().max().item() <= TOL
+    if "pp" in strategy:
+        layers = ref.config.num_hidden_layers // 2
+        # stage 0: the embedding and its layers; stage 1: its layers, the final norm and lm_head
+        assert [r["read_by_stage"] for r in results] == [
+            1 + 9 * layers + 3 * layers,
+            9 * layers + 3 * layers + 2,
+        ]
