@@ -14,6 +14,7 @@ import sys
 # subcommand -> module that defines ``register(subparsers)``
 SUBCOMMANDS: dict[str, str] = {
     "strategy": "workers.planner.cli",
+    "import-model": "workers.planner.import_cli",
     "calibrate": "workers.training.calibrate_cli",
     "train": "workers.training.cli",
     "comm-opt": "workers.training.comm.cli",

@@ -30,7 +30,18 @@ SNAPSHOT_FLAGS = [
     "resume",
 ]
 # the run options the job's flags may give (their flags, help and bounds: workers/training/options.py)
-JOB_FLAGS = ["data", "steps", "lr", "seed", "device", "comm_hook", "profile_every", *SNAPSHOT_FLAGS]
+HF_FLAGS = ["hf_model", "tokenizer", "data_field", "val_fraction", "val_every", "save_hf"]
+JOB_FLAGS = [
+    "data",
+    "steps",
+    "lr",
+    "seed",
+    "device",
+    "comm_hook",
+    "profile_every",
+    *HF_FLAGS,
+    *SNAPSHOT_FLAGS,
+]
 
 
 def register(subparsers) -> None:
@@ -58,12 +69,14 @@ def add_job_arguments(p: argparse.ArgumentParser, *, steps: int):
     src.add_argument("--strategy", help="strategy.json")
     src.add_argument("--model", help=f"model.json (tiny examples: {EXAMPLES}/tiny-*.json)")
     src.add_argument("--training", help="training.json (global_batch_size, dtype, optimizer)")
-    add_option_flags(src, ["data"])
+    add_option_flags(src, ["hf_model"], notes={"hf_model": "without --model, the model is its config's"})
+    src.add_argument("--seq-length", type=int, help="overrides model.seq_length (the training sequence)")
+    add_option_flags(src, ["data", "tokenizer", "data_field", "val_fraction", "val_every"])
     run = p.add_argument_group("run")
     add_option_flags(run, ["steps"], defaults={"steps": steps})
     run.add_argument("--nproc", type=int, help="processes (default: tp*pp*dp*cp of the strategy)")
     run.add_argument("--global-batch-size", type=int, help="overrides training.global_batch_size")
-    add_option_flags(run, ["lr", "seed", "device", "comm_hook"])
+    add_option_flags(run, ["lr", "seed", "device", "comm_hook", "save_hf"])
     return run
 
 
@@ -84,8 +97,12 @@ def build_job_config(args: argparse.Namespace):
         raise ConfigError("--strategy", "one of --plan or --strategy is required")
     if args.model:
         model = read_json(args.model, "model")
+    if model is None and args.hf_model:
+        model = _model_of_checkpoint(args.hf_model, args.seq_length)
     if model is None:
-        raise ConfigError("--model", "required (the plan has no 'model')")
+        raise ConfigError("--model", "required (the plan has no 'model'; or give --hf-model)")
+    if args.seq_length is not None and isinstance(model, dict):
+        model = {**model, "seq_length": args.seq_length}
     training = read_json(args.training, "training") if args.training else {}
     if not isinstance(training, dict):
         raise ConfigError("training", "must be a JSON object")
@@ -98,7 +115,51 @@ def build_job_config(args: argparse.Namespace):
         config["job_id"], config["redis_url"] = str(args.job_id), args.redis_url
     if args.data is not None and not Path(args.data).exists():
         raise ConfigError("--data", f"{args.data} does not exist")
-    return JobConfig.from_dict(config)
+    cfg = JobConfig.from_dict(config)
+    check_run_inputs(cfg)
+    return cfg
+
+
+def _model_of_checkpoint(directory: str, seq_length: int | None) -> dict:
+    from workers.planner.specs import SpecError
+    from workers.planner.specs.hf import spec_from_hf_config
+    from workers.training.config import ConfigError
+
+    try:
+        return spec_from_hf_config(directory, seq_length=seq_length).to_dict()
+    except SpecError as exc:
+        raise ConfigError(exc.prefixed("hf_model").errors) from None
+
+
+def check_run_inputs(cfg) -> None:
+    """What must hold before any rank starts (``ConfigError`` naming the option): the checkpoint is the
+    model's and its weights are there; the tokenizer fits the model and the corpus has what it reads."""
+    from workers.training.config import ConfigError
+    from workers.training.corpora import CorpusError, check_corpus, tokenizer_for
+
+    if cfg.hf_model:
+        from workers.training.hf import HFWeightsError, checkpoint_files
+
+        if not Path(cfg.hf_model, "config.json").is_file():
+            raise ConfigError("hf_model", f"{cfg.hf_model}: no config.json (a Hugging Face model directory)")
+        try:
+            checkpoint_files(cfg.hf_model)
+        except HFWeightsError as exc:
+            raise ConfigError("hf_model", str(exc)) from None
+    try:
+        tokenizer = tokenizer_for(cfg)
+        if tokenizer is not None:
+            if cfg.data is None:
+                raise CorpusError(
+                    "data", "a tokenizer needs a corpus: give data (text, JSONL, Parquet or .npy shards)"
+                )
+            check_corpus(cfg.data, tokenizer, cfg.data_field, cfg.model.vocab_size)
+        elif cfg.val_fraction:
+            raise CorpusError(
+                "val_fraction", "a validation split needs a tokenizer's corpus (tokenizer or hf_model)"
+            )
+    except CorpusError as exc:
+        raise ConfigError(exc.field, exc.message) from None
 
 
 def run_local(
@@ -159,7 +220,8 @@ def format_summary(s: dict) -> str:
         return f"{s['model']} on {s['world_size']} x {s['device']} ({s['strategy']}): {s.get('note', 'no steps')}"
     rows = [
         f"trained {s['model']} on {s['world_size']} x {s['device']} ({s['strategy']}), {s['steps']} steps",
-        f"  loss          {s['loss_first']:.4f} -> {s['loss_last']:.4f}",
+        f"  loss          {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
+        + (f"   (validation {s['val_loss']:.4f})" if s.get("val_loss") is not None else ""),
         f"  tokens/s      {s['tokens_per_s']:.0f}   ({s['tokens_per_step']} tokens/step)",
         f"  step time     {s['step_time_s'] * 1000:.1f} ms",
     ]

@@ -41,8 +41,13 @@ def user_files(path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
+        # hidden files and folders left out: .cann-tokens (a tokenized corpus's cache) among them
         files = sorted(
-            (p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")),
+            (
+                p
+                for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            ),
             key=lambda p: p.relative_to(path).as_posix(),
         )
         if files:

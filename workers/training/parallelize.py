@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from workers.training.config import JobConfig
 from workers.training.model import Transformer
@@ -86,6 +87,8 @@ class ParallelModel:
     schedule: object | None = None
     expert_params: list[nn.Parameter] = field(default_factory=list)
     edp_group: dist.ProcessGroup | None = None
+    ep_group: dist.ProcessGroup | None = None
+    """The ranks that split the experts among them (``ep > 1``; an export gathers them over it)."""
     raw_parts: list[Transformer] = field(default_factory=list)
     """The same parts without DDP/checkpoint wrappers (for MoE buffers and state dicts)."""
     comm_states: list = field(default_factory=list)
@@ -136,6 +139,46 @@ class ParallelModel:
     def sync_tensor_parallel_grads(self) -> None:
         """Sequence-parallel gradients DTensor left ``Partial`` (see :func:`.tensor.reduce_partial_grads`)."""
         reduce_partial_grads(self.parameters())
+
+    def grad_sq_local(self, device: torch.device) -> torch.Tensor:
+        """This rank's share of the squared global gradient norm: each gradient piece divided by the number
+        of ranks holding an identical copy, so that one SUM all-reduce over the world gives the total."""
+        dp, tp = self.dims.replicas, self.dims.tp  # dp * cp ranks hold the same parameters
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            g = p.grad
+            # ranks holding this exact piece: experts are whole on the dp*cp/ep ranks of an EP slot (x tp),
+            # everything else on all dp*cp (x tp); FSDP/TP shards divide that by their piece count
+            copies = ((dp // self.dims.ep) if is_expert_param(p) else dp) * tp
+            if isinstance(g, DTensor):
+                copies //= tp_shard_count(g)
+                g = g.to_local()
+            # the norm in float64 without materialising a float64 copy of the gradient
+            total += torch.linalg.vector_norm(g.detach(), dtype=torch.float64).square() / copies
+        return total
+
+    def collect_expert_load(
+        self, moe_layer_ids: list[int], num_experts: int, device: torch.device
+    ) -> torch.Tensor:
+        """Tokens routed to each expert of each MoE layer since the last call (the counters reset)."""
+        loads = torch.zeros(len(moe_layer_ids), max(num_experts, 1), device=device)
+        for layer_id, moe in self.moe_layers():
+            if self.coords["tp"] == 0:  # TP ranks route the same tokens: count once
+                loads[moe_layer_ids.index(layer_id)] = moe.tokens_per_expert
+            moe.tokens_per_expert.zero_()
+        return loads
+
+    def update_expert_bias(self, global_loads: torch.Tensor, moe_layer_ids: list[int], rate: float) -> None:
+        """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i). Not for a
+        softmax router (Mixtral, Qwen-MoE): it has no bias, and its checkpoint's users route without one."""
+        with torch.no_grad():
+            for layer_id, moe in self.moe_layers():
+                if moe.softmax_router:
+                    continue
+                load = global_loads[moe_layer_ids.index(layer_id)]
+                moe.expert_bias.add_(rate * torch.sign(load.mean() - load))
 
     def sync_expert_grads(self) -> None:
         """Expert gradients no data-parallel wrapper reduces: summed over ``edp``, divided by ``dp * cp``
@@ -232,6 +275,7 @@ def parallelize(
         stage_indices=[i for i, _ in stages],
         expert_params=expert_params,
         edp_group=edp_group,
+        ep_group=ep_group,
         raw_parts=raw_parts,
         comm_states=comm_states,
         bucket_cap_mb=bucket_cap_mb,

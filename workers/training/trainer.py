@@ -35,16 +35,17 @@ from workers.training.checkpoint import SnapshotInfo, SnapshotManager
 from workers.training.checkpoint.memory import MemorySnapshots
 from workers.training.comm.stats import measured_overlap, run_comm_figures, step_comm_figures
 from workers.training.config import JobConfig
+from workers.training.corpora import corpus_for_run
 from workers.training.data import ShardedTokenLoader, TokenCorpus
+from workers.training.hf.runtime import build_model, export_parallel
 from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
-from workers.training.model import Transformer, flops_per_token, num_params
+from workers.training.model import flops_per_token, num_params
 from workers.training.parallelize import (
     ParallelModel,
     cross_entropy,
     is_expert_param,
     parallelize,
     pipeline_bubble_fraction,
-    tp_shard_count,
 )
 from workers.training.supervision.progress import (
     ProgressWriter,
@@ -55,6 +56,7 @@ from workers.training.supervision.progress import (
 from workers.training.supervision.snapshot_now import SnapshotRequests
 from workers.training.supervision.step_times import StepTimesWriter, blocking_wait
 from workers.training.train_state import TrainState
+from workers.training.validation import Validation
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LOG_EVERY_S = 2.0
@@ -132,7 +134,7 @@ class Trainer:
             self.progress.event("start", t=process_start_unix())
         torch.manual_seed(cfg.seed)
 
-        model = Transformer.build(cfg.model, cfg.seed)
+        model = build_model(cfg)  # our init, or a Hugging Face checkpoint's weights (hf_model)
         # a watched DDP job without a hook of its own: torch's plain all-reduce hook, timed (the step's
         # collective wait; bitwise the same gradients as DDP's built-in reduction, see step_times)
         self.pm: ParallelModel = parallelize(
@@ -168,8 +170,11 @@ class Trainer:
                 **({"fused": True} if fused else {}),
             )
         self.step = cfg.start_step
+        # a tokenizer's corpus: its cached token shards (tokenized by each node's local rank 0 first)
+        corpus = corpus_for_run(cfg, local_rank=local_rank, barrier=dist.barrier, log=self.log_line)
+        self.validation = Validation.for_run(self, corpus.val if corpus else None)
         self.loader = ShardedTokenLoader(
-            TokenCorpus.from_source(cfg.data),
+            TokenCorpus(corpus.train) if corpus else TokenCorpus.from_source(cfg.data),
             cfg.model.seq_length,
             cfg.training.global_batch_size,
             dp_rank=self.pm.coords["dp"],
@@ -292,33 +297,11 @@ class Trainer:
         return total
 
     def _grad_sq_local(self) -> torch.Tensor:
-        """This rank's share of the squared global gradient norm: each gradient piece divided by the number
-        of ranks holding an identical copy, so that one SUM all-reduce over the world gives the total."""
-        dp, tp = self.pm.dims.replicas, self.pm.dims.tp  # dp * cp ranks hold the same parameters
+        """This rank's share of the squared global gradient norm (:meth:`ParallelModel.grad_sq_local`)."""
         if self.grad_sync is not None:  # gradients still in flight: the previous step's averaged norm
-            return torch.tensor(self.grad_sync.last_grad_sq() / dp, dtype=torch.float64, device=self.device)
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in self.pm.parameters():
-            if p.grad is None:
-                continue
-            g = p.grad
-            # ranks holding this exact piece: experts are whole on the dp*cp/ep ranks of an EP slot (x tp),
-            # everything else on all dp*cp (x tp); FSDP/TP shards divide that by their piece count
-            copies = ((dp // self.pm.dims.ep) if is_expert_param(p) else dp) * tp
-            if isinstance(g, DTensor):
-                copies //= tp_shard_count(g)
-                g = g.to_local()
-            # the norm in float64 without materialising a float64 copy of the gradient
-            total += torch.linalg.vector_norm(g.detach(), dtype=torch.float64).square() / copies
-        return total
-
-    def _collect_expert_load(self) -> torch.Tensor:
-        loads = torch.zeros(len(self.moe_layer_ids), max(self.num_experts, 1), device=self.device)
-        for layer_id, moe in self.pm.moe_layers():
-            if self.pm.coords["tp"] == 0:  # TP ranks route the same tokens: count once
-                loads[self.moe_layer_ids.index(layer_id)] = moe.tokens_per_expert
-            moe.tokens_per_expert.zero_()
-        return loads
+            sq = self.grad_sync.last_grad_sq() / self.pm.dims.replicas
+            return torch.tensor(sq, dtype=torch.float64, device=self.device)
+        return self.pm.grad_sq_local(self.device)
 
     def train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> StepResult:
         cfg, pm = self.cfg, self.pm
@@ -333,7 +316,7 @@ class Trainer:
 
         # One small all-reduce per step carries everything rank 0 reports and clipping needs:
         # [grad_norm^2, loss sum, loss count, snapshot-now requests, expert loads (moe layers x experts)].
-        loads = self._collect_expert_load()
+        loads = self.pm.collect_expert_load(self.moe_layer_ids, self.num_experts, self.device)
         contributes_loss = local_loss is not None and pm.coords["tp"] == 0
         head = torch.stack(
             [
@@ -367,7 +350,7 @@ class Trainer:
         recorded_s = self.train_state.before_optimizer_step()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self._update_expert_bias(global_loads)
+        self.pm.update_expert_bias(global_loads, self.moe_layer_ids, self.cfg.expert_bias_update_rate)
         self.step += 1
 
         result = StepResult(self.step, loss, grad_norm, 0.0, lr, comm=comm)
@@ -387,17 +370,6 @@ class Trainer:
         """The comm hooks' method/density switches since the last step (``adaptive``), each with its
         reason; every rank drains them, rank 0 publishes them as ``comm_switch`` events."""
         return [sw for st in self.pm.comm_states if hasattr(st, "take_switches") for sw in st.take_switches()]
-
-    def _update_expert_bias(self, global_loads: torch.Tensor) -> None:
-        """DeepSeek-V3 auxiliary-loss-free balancing: b_i += gamma * sign(mean load - load_i). Not for a
-        softmax router (Mixtral, Qwen-MoE): it has no bias, and its checkpoint's users route without one."""
-        rate = self.cfg.expert_bias_update_rate
-        with torch.no_grad():
-            for layer_id, moe in self.pm.moe_layers():
-                if moe.softmax_router:
-                    continue
-                load = global_loads[self.moe_layer_ids.index(layer_id)]
-                moe.expert_bias.add_(rate * torch.sign(load.mean() - load))
 
     # -------------------------------------------------------------------------------------------- loop
 
@@ -454,7 +426,8 @@ class Trainer:
                 # its progress, its train event). With a collective between those, a peer killed once it
                 # reported the step left this rank inside the collective: a snapshot of the step existed
                 # (a resume went past it) while its timeline line or its train event was never written.
-                ranks = system_metrics.rank_values(result.step, self.device)
+                val = self.validation.after(result.step, end) if self.validation else {}  # val_loss
+                ranks = system_metrics.rank_values(result.step, self.device) | val
                 if self.snapshots is not None:
                     self.train_state.snapshot_after(result)
                 if self.progress is not None:
@@ -495,6 +468,8 @@ class Trainer:
         if self.progress is not None:
             self.progress.update("finishing")
         self.train_state.wait()  # the last snapshot published before the run says it finished
+        if cfg.save_hf:  # every rank: the layout's pieces gathered, each stage's shard written
+            export_parallel(pm, cfg, cfg.save_hf, self.rank)
         if self.progress is not None:
             self.progress.event("end", step=self.step)
         summary = self.summary()
@@ -621,6 +596,7 @@ class Trainer:
             "step_times_s": [round(r.step_time_s, 6) for r in h],
             "loss_first": h[0].loss,
             "loss_last": h[-1].loss,
+            **({"val_loss": self.validation.last} if self.validation else {}),
             "losses": [r.loss for r in h],
             "grad_norm_last": h[-1].grad_norm,
             "bubble_fraction": pipeline_bubble_fraction(

@@ -191,6 +191,13 @@ def save_hf(
         (out / INDEX).write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         )
+    return write_config_and_tokenizer(spec, out, tokenizer_dir=tokenizer_dir, dtype=dtype)
+
+
+def write_config_and_tokenizer(
+    spec: ModelSpec, out: Path, *, tokenizer_dir: str | Path | None = None, dtype: torch.dtype | None = None
+) -> Path:
+    """A model directory's ``config.json`` (the spec's, in ``dtype``) and its tokenizer's files."""
     config = hf_config_from_spec(spec)
     if dtype is not None:
         config["torch_dtype"] = config["dtype"] = str(dtype).removeprefix("torch.")
