@@ -140,6 +140,15 @@ GREEN_DEFAULT_ZONE = os.environ.get("CANN_TRAIN_GRID_ZONE", "GB")
 TELEMETRY_EVERY_S = float(os.environ.get("CANN_TRAIN_TELEMETRY_EVERY_S", "5"))
 RISK_MODEL_DIR = os.environ.get("CANN_TRAIN_RISK_MODEL", "")
 
+# Where a job's own files may be (its Hugging Face model, tokenizer and corpus): paths on the nodes under one of
+# these directories (CANN_TRAIN_DATA_ROOTS, separated by ":"); anything outside, ".." and symlinks out of them
+# are a 400 (controlplane/jobs/paths.py). Default: var/data.
+DATA_ROOTS = [
+    Path(p).expanduser()
+    for p in os.environ.get("CANN_TRAIN_DATA_ROOTS", str(VAR_DIR / "data")).split(os.pathsep)
+    if p
+]
+
 # CPU ranks one machine may run per node (torchrun --nproc-per-node): the job API's limit, and the knowledge
 # base's for "runs here"; GPUs/NPUs are bounded by the device count
 MAX_CPU_RANKS_PER_NODE = int(os.environ.get("CANN_TRAIN_MAX_CPU_RANKS", "4"))

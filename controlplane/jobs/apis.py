@@ -3,6 +3,7 @@ probe."""
 
 from __future__ import annotations
 
+from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
@@ -47,7 +48,15 @@ from controlplane.jobs.models import (
 )
 from controlplane.jobs.options import RunOptionsMixin
 from controlplane.jobs.recovery import job_restore
-from controlplane.jobs.selectors import elastic_index, fault_values, job_risk, queue_position, snapshot_rows
+from controlplane.jobs.selectors import (
+    elastic_index,
+    fault_values,
+    job_risk,
+    model_source,
+    queue_position,
+    snapshot_rows,
+)
+from controlplane.jobs.services.export import hf_export_zip
 from controlplane.live.selectors import stored_events
 from controlplane.live.tasks import probe
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
@@ -168,6 +177,11 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         "and failure-model details, the straggler flags raised in the attempt, and the prevention actions (warn, "
         "snapshot-now: requested, done with its outcome, refused, observed or unanswered)"
     )
+    model_source = serializers.SerializerMethodField(
+        help_text="what it trains on: the model's family, its Hugging Face checkpoint (hf_model), tokenizer and "
+        "corpus (data, data_field, val_fraction), tokens_seen, the newest val_loss and export_ready (its "
+        "trained model, GET /api/jobs/<id>/export/)"
+    )
     elastic_index = serializers.SerializerMethodField(
         help_text="ETI = scaling efficiency x goodput x device utilisation (each factor with its inputs, null "
         "with the reason when unknown) and the maturity level L0-L5 with each criterion met or not"
@@ -213,6 +227,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
             "schedule",
             "risk",
             "elastic_index",
+            "model_source",
             "created_at",
             "started_at",
             "finished_at",
@@ -238,6 +253,10 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
     def get_risk(self, job) -> dict | None:
         return job_risk(job)
+
+    @extend_schema_field({"type": "object", "additionalProperties": True})
+    def get_model_source(self, job) -> dict:
+        return model_source(job)
 
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
     def get_schedule(self, job) -> dict | None:
@@ -656,6 +675,28 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             raise NotFound("No such comparison of this job.")
         comparison = comparison_cancel(comparison=comparison, user=request.user)
         return Response(CommComparisonSerializer(comparison).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        responses={
+            (200, "application/zip"): OpenApiTypes.BINARY,
+            404: error_response(
+                404, "The job did not start from a Hugging Face checkpoint, or its export is missing."
+            ),
+            409: error_response(409, "The job has not succeeded: its export is written when it does."),
+        }
+    )
+    @action(detail=True, methods=["get"])
+    def export(self, request, pk=None):
+        """The trained model of a job that started from a Hugging Face checkpoint, as a Hugging Face directory
+        (config.json, safetensors, the tokenizer's files) in a zip."""
+        job = self.get_object()
+        path = hf_export_zip(job)
+        return FileResponse(
+            path.open("rb"),
+            as_attachment=True,
+            filename=f"job-{job.pk}-hf.zip",
+            content_type="application/zip",
+        )
 
     @extend_schema(parameters=[EventsQuery], responses={200: StreamEventSerializer(many=True)})
     @action(detail=True, methods=["get"], pagination_class=None)

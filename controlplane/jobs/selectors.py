@@ -16,6 +16,7 @@ from controlplane.jobs.models import WITHOUT_THE_NODE, JobFault, JobSnapshot, Tr
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
 from workers import planner
+from workers.planner.specs import OWN_FAMILY
 from workers.planner.warmstart import MeasuredRun
 from workers.training import examples
 
@@ -727,3 +728,35 @@ def jobs_for_metrics(*, finished_since) -> list[JobMetrics]:
             )
         )
     return out
+
+
+def model_source(job: TrainingJob) -> dict:
+    """What a job trains and on what: its model's family (and the Hugging Face checkpoint it starts from), its
+    tokenizer and corpus, the tokens it has seen (the newest train event's step x the tokens of a step), its
+    newest validation loss, and whether its Hugging Face export is there to download."""
+    config = job.config or {}
+    model = config.get("model") or {}
+    arch = model.get("architecture") or {}
+    tokens_per_step = int(model.get("seq_length") or 0) * int(
+        (config.get("training") or {}).get("global_batch_size") or 0
+    )
+    trains = StreamEvent.objects.filter(stream=job.stream, kind="train").order_by("-seq")
+    newest = trains.values_list("step", flat=True).first()
+    val = next(
+        (v for v in trains.filter(values__has_key="val_loss").values_list("values", flat=True)[:1]), None
+    )
+    export = Path(config["save_hf"]) if config.get("save_hf") else None
+    return {
+        "family": arch.get("family") or OWN_FAMILY,
+        "hf_model": config.get("hf_model"),
+        "tokenizer": config.get("tokenizer") or (config.get("hf_model") if config.get("hf_model") else None),
+        "data": config.get("data"),
+        "data_field": config.get("data_field", "text") if config.get("data") else None,
+        "val_fraction": config.get("val_fraction") or 0.0,
+        "tokens_per_step": tokens_per_step,
+        "tokens_seen": (newest or 0) * tokens_per_step,
+        "val_loss": val.get("val_loss") if val else None,
+        "export_ready": bool(
+            export and (export / "config.json").is_file() and job.state == JobState.SUCCEEDED
+        ),
+    }

@@ -59,9 +59,57 @@ class ModelSpecSerializer(DocumentSerializer):
         return {"params_billion": params_billion(document)}
 
 
+class HFConfigImportSerializer(serializers.Serializer):
+    """A Hugging Face ``config.json`` (pasted, or uploaded as the ``file``) to store as a model."""
+
+    team = TeamField()
+    config = serializers.JSONField(required=False, help_text="the config.json document")
+    file = serializers.FileField(required=False, help_text="the config.json file (multipart upload)")
+    name = serializers.CharField(required=False, max_length=200, help_text="default: the config's name")
+    seq_length = serializers.IntegerField(required=False, min_value=2, max_value=1 << 20)
+
+    def validate(self, attrs):
+        import json
+
+        if "file" in attrs:
+            raw = attrs.pop("file").read(1 << 20)
+            try:
+                attrs["config"] = json.loads(raw)
+            except ValueError as exc:
+                raise serializers.ValidationError({"file": [f"not a JSON document: {exc}"]}) from exc
+        if not isinstance(attrs.get("config"), dict):
+            raise serializers.ValidationError(
+                {"config": ["give the config.json document (or upload it as file)"]}
+            )
+        return attrs
+
+
 class ModelSpecViewSet(TeamScopedViewSet):
     queryset = StoredModelSpec.objects.select_related("team")
     serializer_class = ModelSpecSerializer
+
+    @extend_schema(request=HFConfigImportSerializer, responses={201: ModelSpecSerializer})
+    @action(detail=False, methods=["post"], url_path="from-hf-config")
+    def from_hf_config(self, request):
+        """A model from a Hugging Face ``config.json`` of a family the runtime trains (Llama, Mistral, Qwen2,
+        Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE): ``model.json`` with its ``architecture``, stored like any."""
+        from workers.planner.specs import SpecError
+        from workers.planner.specs.hf import spec_from_hf_config
+
+        data = HFConfigImportSerializer(data=request.data, context={"request": request})
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        try:
+            doc = spec_from_hf_config(
+                v["config"], seq_length=v.get("seq_length"), name=v.get("name")
+            ).to_dict()
+        except SpecError as exc:
+            raise serializers.ValidationError(exc.prefixed("config").errors) from exc
+        team = {"team": v["team"].slug} if v.get("team") else {}
+        stored = ModelSpecSerializer(data={**doc, **team}, context={"request": request})
+        stored.is_valid(raise_exception=True)
+        stored.save()
+        return Response(stored.data, status=status.HTTP_201_CREATED)
 
 
 class StrategySearchSerializer(TeamOwnedSerializer):

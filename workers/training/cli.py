@@ -18,6 +18,7 @@ from pathlib import Path
 
 from workers.training import examples
 from workers.training.options import add_option_flags, options_from_args
+from workers.training.run_inputs import check_run_inputs
 
 EXAMPLES = examples.DIR
 SNAPSHOT_FLAGS = [
@@ -97,12 +98,13 @@ def build_job_config(args: argparse.Namespace):
         raise ConfigError("--strategy", "one of --plan or --strategy is required")
     if args.model:
         model = read_json(args.model, "model")
-    if model is None and args.hf_model:
-        model = _model_of_checkpoint(args.hf_model, args.seq_length)
+    hf_model, seq_length = getattr(args, "hf_model", None), getattr(args, "seq_length", None)
+    if model is None and hf_model:
+        model = _model_of_checkpoint(hf_model, seq_length)
     if model is None:
         raise ConfigError("--model", "required (the plan has no 'model'; or give --hf-model)")
-    if args.seq_length is not None and isinstance(model, dict):
-        model = {**model, "seq_length": args.seq_length}
+    if seq_length is not None and isinstance(model, dict):
+        model = {**model, "seq_length": seq_length}
     training = read_json(args.training, "training") if args.training else {}
     if not isinstance(training, dict):
         raise ConfigError("training", "must be a JSON object")
@@ -129,37 +131,6 @@ def _model_of_checkpoint(directory: str, seq_length: int | None) -> dict:
         return spec_from_hf_config(directory, seq_length=seq_length).to_dict()
     except SpecError as exc:
         raise ConfigError(exc.prefixed("hf_model").errors) from None
-
-
-def check_run_inputs(cfg) -> None:
-    """What must hold before any rank starts (``ConfigError`` naming the option): the checkpoint is the
-    model's and its weights are there; the tokenizer fits the model and the corpus has what it reads."""
-    from workers.training.config import ConfigError
-    from workers.training.corpora import CorpusError, check_corpus, tokenizer_for
-
-    if cfg.hf_model:
-        from workers.training.hf import HFWeightsError, checkpoint_files
-
-        if not Path(cfg.hf_model, "config.json").is_file():
-            raise ConfigError("hf_model", f"{cfg.hf_model}: no config.json (a Hugging Face model directory)")
-        try:
-            checkpoint_files(cfg.hf_model)
-        except HFWeightsError as exc:
-            raise ConfigError("hf_model", str(exc)) from None
-    try:
-        tokenizer = tokenizer_for(cfg)
-        if tokenizer is not None:
-            if cfg.data is None:
-                raise CorpusError(
-                    "data", "a tokenizer needs a corpus: give data (text, JSONL, Parquet or .npy shards)"
-                )
-            check_corpus(cfg.data, tokenizer, cfg.data_field, cfg.model.vocab_size)
-        elif cfg.val_fraction:
-            raise CorpusError(
-                "val_fraction", "a validation split needs a tokenizer's corpus (tokenizer or hf_model)"
-            )
-    except CorpusError as exc:
-        raise ConfigError(exc.field, exc.message) from None
 
 
 def run_local(

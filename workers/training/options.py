@@ -171,14 +171,14 @@ OPTIONS: tuple[Option, ...] = (
     _opt("grad_clip", float, 1.0, "clip the global gradient norm (0 disables clipping; the norm is reported either way)", section="optimizer", minimum=0),
     _opt("expert_bias_update_rate", float, 1e-3, "auxiliary-loss-free balancing step (DeepSeek-V3, Liu et al. 2024, sec. 2.1.2: gamma)", section="optimizer", minimum=0),
     # --- model
-    _opt("hf_model", str, None, "a Hugging Face model directory (config.json, safetensors weights): the run starts from its weights (the model document is its config's: cann-train import-model)", section="model", nullable=True),
+    _opt("hf_model", str, None, "a Hugging Face model directory (config.json, safetensors weights): the run starts from its weights (the model document is its config's: cann-train import-model)", section="model", nullable=True, api=True),
     _opt("save_hf", str, None, "at the end of the run, write the trained model here as a Hugging Face directory (config.json, safetensors, the tokenizer's files) that transformers loads", section="model", nullable=True),
     # --- data
-    _opt("tokenizer", str, None, "a tokenizer.json (or the directory holding it; default: hf_model's own): text, JSONL and Parquet data are tokenized with it, once, into cached shards beside the data", section="data", nullable=True),
-    _opt("data_field", str, "text", "the field of each JSONL record or Parquet row that holds the document's text", section="data", max_length=200),
-    _opt("val_fraction", float, 0.0, "documents held out for a validation loss (the last ones of the corpus; 0: none)", section="data", minimum=0, maximum=0.5),
-    _opt("val_every", int, 0, "a validation loss every N steps and at the end (0: only at the end, when there is a validation split)", section="data", minimum=0, maximum=MAX_EVERY),
-    _opt("data", str, None, "token source: none = this interpreter's standard-library sources as bytes; else a file or a directory of files (raw bytes are byte tokens, .npy holds token ids)", section="data", nullable=True),
+    _opt("tokenizer", str, None, "a tokenizer.json (or the directory holding it; default: hf_model's own): text, JSONL and Parquet data are tokenized with it, once, into cached shards beside the data", section="data", nullable=True, api=True),
+    _opt("data_field", str, "text", "the field of each JSONL record or Parquet row that holds the document's text", section="data", max_length=200, api=True),
+    _opt("val_fraction", float, 0.0, "documents held out for a validation loss (the last ones of the corpus; 0: none)", section="data", minimum=0, maximum=0.5, api=True),
+    _opt("val_every", int, 0, "a validation loss every N steps and at the end (0: only at the end, when there is a validation split)", section="data", minimum=0, maximum=MAX_EVERY, api=True),
+    _opt("data", str, None, "token source: none = this interpreter's standard-library sources as bytes; else a file or a directory of files (raw bytes are byte tokens, .npy holds token ids)", section="data", nullable=True, api=True),
     # --- comm
     _opt("comm_hook", str, None, "DDP communication hook, name[:key=value,...] from workers.training.comm.HOOKS (zero_stage 0 only), e.g. topk_ef:density=0.01; registered on the data-parallel group", section="comm", nullable=True, max_length=500, check=_problem_of_comm_hook, api=True, cli=True),
     _opt("bucket_cap_mb", float, None, "DDP gradient bucket size in MB; none: chosen from inter_node_GBps/inter_node_latency_us (choose_bucket_cap_mb) when given, else DDP's default (25 MB)", section="comm", above=0, maximum=4096, nullable=True, api=True),

@@ -17,6 +17,7 @@ from controlplane.jobs.models import (
     MAX_RESTARTS_LIMIT,
     TrainingJob,
 )
+from controlplane.jobs.paths import check_job_paths
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.lifecycle import job_launch, scheduled_message
 from workers.training.options import api_options
@@ -136,8 +137,12 @@ def job_submit(
             }
         )
     nnodes = nnodes if nnodes is not None else max_nodes if max_nodes is not None else 1
+    if model is None and options.get("hf_model"):  # the model of a Hugging Face checkpoint is its config's
+        model = model_of_checkpoint(options["hf_model"])
     if model is None:
-        raise ValidationError({"model": ["give a model.json (or a plan_id whose model is used)"]})
+        raise ValidationError(
+            {"model": ["give a model.json (or a plan_id whose model is used, or an hf_model)"]}
+        )
     if plan is not None and not isinstance(plan.get("strategy"), dict):
         raise ValidationError({"plan": ["a plan.json must hold a 'strategy' object"]})
     if plan is None and strategy is None:
@@ -192,6 +197,37 @@ def job_submit(
             allow_kill_worker=False,
             green_schedule=schedule,
         )
+
+
+def model_of_checkpoint(hf_model: str, seq_length: int | None = None) -> dict:
+    """``model.json`` of a Hugging Face model directory (under the allowed directories), or the 400."""
+    from controlplane.jobs.paths import path_problem
+    from workers.planner.specs import SpecError
+    from workers.planner.specs.hf import spec_from_hf_config
+
+    if problem := path_problem(str(hf_model)):
+        raise ValidationError({"hf_model": [problem]})
+    try:
+        return spec_from_hf_config(hf_model, seq_length=seq_length).to_dict()
+    except SpecError as exc:
+        raise ValidationError(exc.prefixed("hf_model").errors) from exc
+
+
+def hf_export_dir_of(job: TrainingJob) -> Path:
+    """Where a Hugging Face model's job writes its trained model at the end (``save_hf``): its Export."""
+    return Path(settings.VAR_DIR) / "jobs" / str(job.pk) / f"hf-export-{job.files_stamp}"
+
+
+def check_inputs(config: dict) -> None:
+    """The runtime's own checks of a run's inputs before any rank starts (the checkpoint is the model's, the
+    tokenizer fits it, the corpus has its field), as field-level 400s."""
+    from workers.training.config import ConfigError, JobConfig
+    from workers.training.run_inputs import check_run_inputs
+
+    try:
+        check_run_inputs(JobConfig.from_dict(config))
+    except ConfigError as exc:
+        raise ValidationError(exc.errors) from exc
 
 
 def snapshot_dir_of(job: TrainingJob) -> Path:
@@ -349,7 +385,15 @@ def job_create(
     )
     if own_dir:  # validated with a stand-in; the real directory is named after the job's id below
         config = {**config, "snapshot_dir": str(Path(settings.VAR_DIR) / "jobs" / "new" / "snapshots")}
+    if isinstance(config, dict):
+        check_job_paths(config)  # before the runtime reads any of them
+    hf_export = isinstance(config, dict) and bool(config.get("hf_model"))
+    if (
+        hf_export
+    ):  # a Hugging Face model goes back out at the end (the job's export, named after its id below)
+        config = {**config, "save_hf": str(Path(settings.VAR_DIR) / "jobs" / "new" / "hf-export")}
     config = validated_config(config)
+    check_inputs(config)
     world = 1
     for key in ("tp", "pp", "dp", "cp"):
         world *= int(config["strategy"].get(key, 1))
@@ -404,6 +448,9 @@ def job_create(
         )
         if own_dir:
             job.config = {**job.config, "snapshot_dir": str(snapshot_dir_of(job))}
+        if hf_export:
+            job.config = {**job.config, "save_hf": str(hf_export_dir_of(job))}
+        if own_dir or hf_export:
             job.save(update_fields=["config"])
         if green_schedule is not None:
             job_event(job, {"state": "scheduled", "attempt": 0, "message": scheduled_message(green_schedule)})

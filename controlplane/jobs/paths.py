@@ -1,0 +1,44 @@
+"""The paths a job request names (its Hugging Face model, tokenizer and corpus) must lie under a directory the
+operator allows (``settings.DATA_ROOTS``, ``CANN_TRAIN_DATA_ROOTS``): a user's job reads what their team put
+there, never the control plane's files. A path is resolved as the nodes would open it (symlinks followed,
+``..`` refused outright) before it is compared; each problem is the field's 400."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.conf import settings
+from rest_framework.exceptions import ValidationError
+
+PATH_OPTIONS = ("hf_model", "tokenizer", "data")
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` may not be read by a job (None: it may)."""
+    roots = [Path(os.path.realpath(r)) for r in settings.DATA_ROOTS]
+    allowed = ", ".join(str(r) for r in settings.DATA_ROOTS) or "none"
+    if not roots:
+        return "this deployment allows no data directories (set CANN_TRAIN_DATA_ROOTS)"
+    path = Path(value)
+    if not path.is_absolute():
+        return f"must be an absolute path on the nodes, under one of the allowed directories ({allowed})"
+    if ".." in path.parts:
+        return "must not contain '..'"
+    real = Path(os.path.realpath(path))
+    if not any(real == root or root in real.parents for root in roots):
+        why = " (a symlink out of them is followed)" if real != path else ""
+        return f"{value} is outside the directories this deployment allows ({allowed}){why}"
+    if not real.exists():
+        return f"{value} does not exist"
+    return None
+
+
+def check_job_paths(config: dict) -> None:
+    errors = {
+        name: [problem]
+        for name in PATH_OPTIONS
+        if (value := config.get(name)) and (problem := path_problem(str(value)))
+    }
+    if errors:
+        raise ValidationError(errors)
