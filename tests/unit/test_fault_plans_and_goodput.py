@@ -250,3 +250,39 @@ def test_two_kills_due_at_once_hit_two_groups_not_one():
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_an_injected_kill_whose_group_restarted_between_two_polls_is_still_the_injected_kill(tmp_path):
+    """The watch fires the kill, and torchrun restarts the group before the next poll sees a rank dead: the
+    restart it then finds is the injected kill's (CI, 2026-12-04: recorded as a plain 'rank-failed')."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        injector = FaultInjector("kill-rank@step=3", world_size=2)
+        watch = ElasticWatch(tmp_path, hang_timeout_s=60, injector=injector)
+
+        def progress(restart: int, step: int) -> None:
+            for rank, proc in enumerate(procs):
+                doc = {
+                    "rank": rank,
+                    "pid": proc.pid,
+                    "node": "n",
+                    "restart": restart,
+                    "phase": "training",
+                    "step": step,
+                }
+                (watch.dir / f"rank{rank}.json").write_text(json.dumps(doc))
+
+        progress(0, 3)
+        watch.poll()  # fires: rank 1 killed
+        assert [f.fault for f in injector.fired] == ["kill-rank@step=3"] and procs[1].wait(5) == -9
+        procs[1] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # its successor
+        progress(1, 2)  # the restarted group, already training, before the watch looked again
+        watch.poll()
+        [fault] = watch.faults
+        assert fault["kind"] == "rank-killed" and fault["rank"] == 1 and fault["restart"] == 0
+        assert "injected fault kill-rank@step=3" in fault["message"]
+        assert fault["fault_unix"] == injector.fired[0].fired_unix
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

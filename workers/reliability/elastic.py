@@ -142,7 +142,19 @@ class ElasticWatch:
             if self._pending is not None and newest > self._pending["restart"]:
                 self._record_pending()  # torchrun restarted the group: the rank's death was a failure
             for missed in range(self.restart, newest):  # restarted between two polls: a fault all the same
-                if missed not in self._faulted_restarts:
+                if missed in self._faulted_restarts:
+                    continue
+                # the injected kill or hang that hit that group, when one did: it is the cause (CI, 2026-12-04:
+                # a pp2 group killed at its step restarted before the next poll saw a rank dead)
+                fired = self._fired_on(missed)
+                if fired is not None:
+                    kind = "rank-killed" if fired.kind == "kill-rank" else "rank-hung"
+                    message = (
+                        f"rank {fired.rank} (pid {fired.pid}) was {'killed' if kind == 'rank-killed' else 'stopped'} "
+                        f"by the injected fault {fired.fault}; torchrun restarted the group before the watch saw it"
+                    )
+                    self._record(kind, fired.rank, now, fired.fired_unix, message, restart=missed)
+                else:
                     self._record(
                         "rank-failed",
                         None,
@@ -192,6 +204,13 @@ class ElasticWatch:
             ):
                 return fired
         return None
+
+    def _fired_on(self, restart: int):
+        """The injected kill or hang that hit torchrun restart ``restart``'s group, if one did."""
+        fired = self.injector.fired if self.injector is not None else []
+        return next(
+            (f for f in fired if f.kind in ("kill-rank", "hang-rank") and (f.restart or 0) == restart), None
+        )
 
     def _link_down(self):
         """The injected ``drop-link`` whose link is down now (the first, if several), else None."""
