@@ -125,6 +125,8 @@ def start_stack(
         "REDIS_URL": redis_url,
         "PYTHONUNBUFFERED": "1",
         "CANN_TRAIN_VAR_DIR": str(run_dir),
+        # the directories a job's own files may be under: the test session's (not the stack's var/data)
+        "CANN_TRAIN_DATA_ROOTS": os.pathsep.join(str(r) for r in _session_data_roots()),
         **(extra_env or {}),
     }
     env.pop("CANN_TRAIN_TEST_SQLITE", None)
@@ -154,6 +156,12 @@ def start_stack(
         )
     RUNNING_STACKS.append(stack)
     return stack
+
+
+def _session_data_roots() -> list:
+    from django.conf import settings
+
+    return list(settings.DATA_ROOTS)
 
 
 RUNNING_STACKS: list[Stack] = []

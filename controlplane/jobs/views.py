@@ -68,6 +68,7 @@ def job_detail(request, pk: int):
             "strategy": selectors.strategy_short((job.config or {}).get("strategy")),
             "policy": selectors.restart_policy(job),
             "elastic_index": selectors.elastic_index(job),
+            "source": selectors.model_source(job),
             "certificate": getattr(job, "certificate", None),
             "schedule_slots": schedule_slot_labels(job),
             # "uncalibrated: run `cann-train calibrate`" when the plan's prediction used the cpu placeholder
@@ -92,6 +93,8 @@ def job_detail(request, pk: int):
                 },
                 "rows_api": f"/api/jobs/rows/?ids={job.pk}",
                 "moe": bool(((job.config or {}).get("model") or {}).get("moe")),
+                # a validation split: the loss chart's validation traces have a legend entry
+                "validation": bool((job.config or {}).get("val_fraction")),
                 "history": history,
                 "history_complete": len(history) < selectors.HISTORY_PAGE,
                 "api": f"/api/jobs/{job.pk}/",

@@ -57,7 +57,7 @@ def test_relaunch_is_a_trace_of_its_own_and_the_log_streams_while_it_runs(live_s
 
     page.click("#relaunch-button")
     page.wait_for_function(
-        "() => { const d = document.getElementById('chart-loss').data; return d.length === 4 && d[2].x.length >= 4; }",
+        "() => { const d = document.getElementById('chart-loss').data; return d.length === 6 && d[3].x.length >= 4; }",
         timeout=90000,
     )
     # attempt 1 keeps its line; attempt 2 is a new trace, from step 1, in every chart
@@ -66,14 +66,18 @@ def test_relaunch_is_a_trace_of_its_own_and_the_log_streams_while_it_runs(live_s
     assert page.evaluate(NAMES, "chart-loss") == [
         "attempt 1 (raw)",
         "attempt 1",
+        "attempt 1 validation",  # empty and out of the legend: the job has no validation split
         "attempt 2 (raw)",
         "attempt 2",
+        "attempt 2 validation",
     ]
+    legend = "() => document.getElementById('chart-loss').data.map(t => t.showlegend !== false)"
+    assert page.evaluate(legend) == [False, True, False, False, True, False]
     step_groups = page.evaluate("() => document.getElementById('chart-step').data.map(t => t.legendgroup)")
     assert step_groups == ["attempt-1"] * 4 + ["attempt-2"] * 4
     xs = page.evaluate("() => document.getElementById('chart-loss').data.map(t => t.x)")
     assert len(xs[0]) >= attempt_1_steps and xs[0][:3] == [1, 2, 3]
-    assert xs[2][:4] == [1, 2, 3, 4]
+    assert xs[3][:4] == [1, 2, 3, 4] and xs[2] == [] and xs[5] == []
     # profiled steps (every 2nd) are not on the throughput line
     tokens_x = page.evaluate("() => document.getElementById('chart-tokens').data[1].x")
     assert tokens_x[:2] == [1, 3] and all(x % 2 for x in tokens_x)

@@ -54,6 +54,9 @@ export class JobCharts {
       return [
         line(`attempt ${n} (raw)`, 0, `${color(0)}48`, { mode: "lines+markers", marker: { size: 3 }, showlegend: false }),
         line(`attempt ${n}`, 1, color(0)),
+        // measured every val_every steps: the points joined across the steps between them
+        line(`attempt ${n} validation`, 2, color(5), { mode: "lines+markers", marker: { size: 6 }, connectgaps: true,
+          line: { color: color(5), width: 2, dash: "dot" }, showlegend: Boolean(this.page.validation) }),
       ];
     }
     if (chart === "tokens") return [line(`attempt ${n}`, 0, color(1))];
@@ -76,7 +79,7 @@ export class JobCharts {
       return this.tracesOf(chart, s, data[chart].slice(s.slot * n, s.slot * n + n));
     });
     this.charts.loss = this.el("chart-loss");
-    // the fault markers' trace (once there is a fault) comes after every attempt's two loss traces
+    // the fault markers' trace (once there is a fault) comes after every attempt's three loss traces
     this.faultTrace = faults.length > 0;
     Plotly.newPlot(this.charts.loss, [...traces("loss"), ...(this.faultTrace ? [faultTrace(faults, describeFault)] : [])],
       { ...chartLayout({ yTitle: "loss", uirevision }), ...FAULT_AXIS, shapes: faultShapes(faults) }, PLOT_CONFIG);
@@ -121,9 +124,9 @@ export class JobCharts {
   addAttempt(series) {
     for (const chart of Object.keys(TRACES_PER_ATTEMPT)) {
       this.appenders[chart].flush();
-      if (chart === "loss" && this.faultTrace) {  // before the fault markers: attempts keep 2*slot, 2*slot+1
-        const at = 2 * series.slot;
-        Plotly.addTraces(this.charts.loss, this.tracesOf(chart, series), [at, at + 1]);
+      if (chart === "loss" && this.faultTrace) {  // before the fault markers: attempts keep 3*slot .. 3*slot+2
+        const at = TRACES_PER_ATTEMPT.loss * series.slot;
+        Plotly.addTraces(this.charts.loss, this.tracesOf(chart, series), [at, at + 1, at + 2]);
       } else {
         Plotly.addTraces(this.charts[chart], this.tracesOf(chart, series));
       }
@@ -152,10 +155,10 @@ export class JobCharts {
     this.el("loss-smoothing-value").textContent = formatNumber(weight, 2);
     const xs = [], ys = [], indices = [];
     for (const s of this.series.attempts.values()) {
-      const raw = this.charts.loss.data[2 * s.slot];
+      const raw = this.charts.loss.data[TRACES_PER_ATTEMPT.loss * s.slot];
       s.ema = new Ema(weight);
       const smoothed = raw.y.map((y) => s.ema.push(y));
-      xs.push(raw.x.slice()); ys.push(smoothed); indices.push(2 * s.slot + 1);
+      xs.push(raw.x.slice()); ys.push(smoothed); indices.push(TRACES_PER_ATTEMPT.loss * s.slot + 1);
     }
     Plotly.restyle(this.charts.loss, { x: xs, y: ys }, indices);
   }

@@ -110,6 +110,7 @@ class JobDetail {
       this.charts.append(series, series.points(e));
       this.series.note(e.values || {});
       this.charts.updateExperts();
+      this.sourceFigures(e);
       // (a recovering job is running again once its recovery is reported, not at the first step after it)
       if (this.state !== "running" && this.state !== "recovering" && !TERMINAL.has(this.state)) this.setState("running");
       this.figures();
@@ -193,6 +194,14 @@ class JobDetail {
     }
   }
 
+  // tokens seen (the step x the tokens of a step) and the newest validation loss, as train events come
+  sourceFigures(e) {
+    const seen = this.el("job-tokens-seen");
+    if (seen && e.step != null) seen.textContent = String(e.step * Number(seen.dataset.perStep || 0));
+    const val = this.el("job-val-loss");
+    if (val && (e.values || {}).val_loss != null) val.textContent = formatNumber(e.values.val_loss, 4);
+  }
+
   setState(state) {
     this.state = state;
     setStatePill(this.el("job-state"), state);
@@ -206,6 +215,8 @@ class JobDetail {
     if (state === "scheduled") relaunchButton.textContent = "Start now";
     else if (relaunchButton.textContent === "Start now") relaunchButton.textContent = "Relaunch";
     this.el("report-button").hidden = state !== "succeeded";
+    const exportLink = document.getElementById("export-link");  // a Hugging Face job's trained model
+    if (exportLink) exportLink.hidden = state !== "succeeded";
     if (!TERMINAL.has(state)) this.el("cancel-button").disabled = false;
     this.waiting();
     if (this.el("snapshot-table")) this.recovery.renderSnapshots();  // restore: only once the job has ended

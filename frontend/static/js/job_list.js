@@ -5,7 +5,7 @@
 import { LiveClient } from "./live.js";
 import { JOB_COLUMNS, LiveJobRows, TERMINAL, renderRow, timeAgo } from "./job_rows.js";
 import { editAnnotations } from "./annotate.js";
-import { failureLines, h, postJSON, showErrorLines } from "./common.js";
+import { csrfToken, failureLines, formatNumber, h, postJSON, showErrorLines } from "./common.js";
 
 const ACTIVE = new Set(["queued", "launching", "running", "recovering"]);
 const FILTERS = ["q", "state", "team", "tag"];
@@ -223,13 +223,38 @@ function bindLaunchForm() {
     const world = (s.tp || 1) * (s.pp || 1) * (s.dp || 1) * (s.cp || 1);
     opt.textContent = `${opt.value} (${world} rank${world > 1 ? "s" : ""})`;
   }
+  // a Hugging Face config.json: stored as a model of the knowledge base, the one this launch trains
+  let hfModel = null;
+  const hfConfig = document.getElementById("hf-config");
+  const summary = document.getElementById("hf-model-summary");
+  const importConfig = async () => {
+    errors.replaceChildren();
+    hfModel = null;
+    summary.textContent = "";
+    const file = hfConfig.files[0];
+    if (!file) return;
+    const data = new FormData();
+    data.append("file", file);
+    data.append("name", `${file.name.replace(/\.json$/, "")} ${new Date().toISOString().slice(0, 23)}`);
+    if (form.elements.seq_length.value) data.append("seq_length", form.elements.seq_length.value);
+    if (form.elements.team) data.append("team", form.elements.team.value);
+    const r = await fetch("/api/models/from-hf-config/", { method: "POST", body: data, credentials: "same-origin",
+                                                          headers: { Accept: "application/json", "X-CSRFToken": csrfToken() } });
+    const body = await r.json().catch(() => null);
+    if (r.status !== 201) { showErrorLines(errors, failureLines({ status: r.status, body }, "config.json refused")); return; }
+    hfModel = Object.fromEntries(Object.entries(body).filter(([k]) => !["id", "team", "created_at", "updated_at"].includes(k)));
+    const params = body.params_billion != null ? `${formatNumber(body.params_billion * 1e9)} parameters` : "";
+    summary.textContent = `${body.architecture.family} · ${params} · stored as model #${body.id}`;
+    summary.dataset.family = body.architecture.family;
+  };
+  hfConfig.addEventListener("change", importConfig);  // (the sequence length is read then: set it first)
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     errors.replaceChildren();
     const f = form.elements;
     const body = {
       name: f.name.value,
-      model: examples.models[f.model.value],
+      model: hfModel || examples.models[f.model.value],
       strategy: examples.strategies[f.strategy.value],
       training: examples.training,
       steps: Number(f.steps.value),
@@ -239,6 +264,9 @@ function bindLaunchForm() {
     for (const key of ["snapshot_every", "max_restarts"]) if (f[key] && f[key].value !== "") body[key] = Number(f[key].value);
     if (f.inject && f.inject.value.trim()) body.inject = f.inject.value.trim();
     if (f.team) body.team = f.team.value;
+    for (const key of ["hf_model", "data"]) if (f[key].value.trim()) body[key] = f[key].value.trim();
+    if (body.data && f.data_field.value.trim()) body.data_field = f.data_field.value.trim();
+    for (const key of ["val_fraction", "val_every"]) if (Number(f[key].value)) body[key] = Number(f[key].value);
     const button = document.getElementById("launch-button");
     button.disabled = true;
     const r = await postJSON("/api/jobs/", body);

@@ -3,9 +3,10 @@
 import { Ema } from "./charts.js";
 import { STEADY_WINDOW } from "./job_rows.js";
 
-// traces each attempt has on each chart of the job page: loss raw + smoothed, tokens/s, memory, and the
-// four stacked parts of the step time; attempt slot k owns traces k*n .. k*n+n-1 of a chart
-export const TRACES_PER_ATTEMPT = { loss: 2, tokens: 1, memory: 1, step: 4 };
+// traces each attempt has on each chart of the job page: loss raw + smoothed + validation (held-out tokens,
+// where the job has a validation split), tokens/s, memory, and the four stacked parts of the step time;
+// attempt slot k owns traces k*n .. k*n+n-1 of a chart
+export const TRACES_PER_ATTEMPT = { loss: 3, tokens: 1, memory: 1, step: 4 };
 
 // Which attempt (launch) of a job an event belongs to. Events say it (`attempt`); older ones belong to the
 // launch before them: each "queued" event starts one (its own `attempt`, else the next number). Events
@@ -51,6 +52,7 @@ class AttemptSeries {
     this.count += 1;
     out.push(["loss", 0, x, v.loss ?? null]);
     out.push(["loss", 1, x, this.ema.push(v.loss ?? null)]);
+    if (v.val_loss != null) out.push(["loss", 2, x, v.val_loss]);  // only on the steps it was measured
     // a profiled step runs under the profiler, several times slower: left out of the throughput line and
     // of the step-time split (it would flatten every other bar), as the run summary leaves it out
     if (!v.profiled) out.push(["tokens", 0, x, v.tokens_per_s ?? null]);
