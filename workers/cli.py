@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "import-model": "workers.planner.import_cli",
     "calibrate": "workers.training.calibrate_cli",
     "train": "workers.training.cli",
+    "export": "workers.training.hf.cli",
     "comm-opt": "workers.training.comm.cli",
     "elastic": "workers.reliability.cli",
     "green": "workers.green.cli",

@@ -480,6 +480,7 @@ class TrainState:
             info={
                 "loss": result.loss,
                 "attempt": self.trainer.attempt,
+                "model": self.cfg.model.to_dict(),  # what an export of it builds (cann-train export)
                 **({"requested": True} if forced else {}),
             },
             log_state=self.log_state,

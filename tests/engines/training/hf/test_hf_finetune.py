@@ -122,3 +122,42 @@ def test_bad_corpus_input_is_refused_before_any_rank_starts(tmp_path):
 
     run = cann_train("import-model", str(tmp_path))
     assert run.returncode == 2 and "no config.json" in run.stderr
+
+
+def test_a_snapshot_exports_the_weights_the_run_ended_with(tmp_path):
+    """An expert-parallel MoE run (dp2 ep2) ends on a snapshot and writes its model; ``cann-train export`` of
+    that snapshot, in one process, writes the same tensors (the experts each rank kept joined back)."""
+    from safetensors.torch import load_file
+
+    docs = documents(200)
+    model_dir = tmp_path / "model"
+    save_tiny("qwen2_moe", model_dir, std=0.02)
+    train_tokenizer(docs, model_dir)
+    write_jsonl(tmp_path / "corpus" / "docs.jsonl", docs)
+    (tmp_path / "strategy.json").write_text(json.dumps({"dp": 2, "ep": 2, "micro_batch_size": 2}))
+    run = cann_train(
+        "train", "--hf-model", str(model_dir), "--data", str(tmp_path / "corpus"), "--seq-length", str(SEQ),
+        "--strategy", str(tmp_path / "strategy.json"), "--global-batch-size", str(GBS), "--steps", "10",
+        "--snapshot-every", "10", "--snapshot-dir", str(tmp_path / "snap"), "--save-hf", str(tmp_path / "end"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    run = cann_train(
+        "export", "--snapshot", str(tmp_path / "snap" / "step-00000010"), "--out", str(tmp_path / "from-snapshot"),
+        "--tokenizer", str(model_dir),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    end = load_file(tmp_path / "end" / "model.safetensors")
+    again = load_file(tmp_path / "from-snapshot" / "model.safetensors")
+    assert end.keys() == again.keys() and any(".experts.3." in k for k in end)
+    assert all(torch.equal(end[k], again[k]) for k in end)
+    assert (tmp_path / "from-snapshot" / "tokenizer.json").is_file()
+    original = load_file(model_dir / "model.safetensors")
+    assert not torch.equal(
+        original["model.layers.1.mlp.experts.3.up_proj.weight"],
+        end["model.layers.1.mlp.experts.3.up_proj.weight"],
+    )
+
+    run = cann_train(
+        "export", "--snapshot", str(tmp_path / "snap" / "step-00000099"), "--out", str(tmp_path / "x")
+    )
+    assert run.returncode == 2 and "there is no snapshot step-00000099" in run.stderr, run.stderr

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.engines.ranks import spawn_ranks
-from tests.engines.training.hf.tiny import logits, save_tiny
+from tests.engines.training.hf.tiny import FAMILIES, MOE, logits, save_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # 7 two-rank runs, ~2 min on two cores
 
@@ -48,17 +48,20 @@ def scenarios(rank: int, world: int, directory: str, strategy: dict, tokens: tor
         return {"logits": pm.parts[0](tokens).float()}
 
 
+def _cases():
+    """Every family under tp2 and pp2 (a tied model trains on one stage: tp2 only), the MoE families under
+    ep2 too; Qwen3 with sequence parallelism (its per-head q/k norms over sharded heads)."""
+    for family in FAMILIES:
+        yield family, {"tp": 2, **({"sequence_parallel": True} if family == "qwen3" else {})}
+        if "tied" not in family:
+            yield family, {"pp": 2, "micro_batch_size": 1}
+        if family in MOE:
+            yield family, {"dp": 2, "ep": 2}
+
+
 @pytest.mark.parametrize(
     "family, strategy",
-    [
-        ("llama3.1", {"tp": 2}),
-        ("qwen3", {"tp": 2, "sequence_parallel": True}),
-        ("llama-tied-biases", {"tp": 2}),
-        ("qwen2", {"pp": 2, "micro_batch_size": 1}),
-        ("mixtral", {"dp": 2, "ep": 2}),
-        ("qwen2_moe", {"dp": 2, "ep": 2}),
-        ("qwen3_moe", {"tp": 2}),
-    ],
+    list(_cases()),
     ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{v}" for k, v in v.items() if v is not True),
 )
 def test_a_layout_gives_the_reference_logits(family, strategy, tmp_path):
@@ -71,9 +74,19 @@ def test_a_layout_gives_the_reference_logits(family, strategy, tmp_path):
     for out in got:
         assert (out - expected).abs().max().item() <= TOL
     if "pp" in strategy:
-        layers = ref.config.num_hidden_layers // 2
-        # stage 0: the embedding and its layers; stage 1: its layers, the final norm and lm_head
-        assert [r["read_by_stage"] for r in results] == [
-            1 + 9 * layers + 3 * layers,
-            9 * layers + 3 * layers + 2,
+        from workers.training.hf import spec_from_hf_config
+        from workers.training.model import Transformer
+
+        # stage 0 read the embedding and its layers' tensors; stage 1 its layers', the final norm and lm_head
+        spec = spec_from_hf_config(tmp_path / "hf", seq_length=SEQ)
+        per_layer = [
+            len(_checkpoint_tensors(spec, block, i)) for i, block in Transformer(spec).layers.items()
         ]
+        half = len(per_layer) // 2
+        assert [r["read_by_stage"] for r in results] == [1 + sum(per_layer[:half]), sum(per_layer[half:]) + 2]
+
+
+def _checkpoint_tensors(spec, block, layer_id: str) -> list[str]:
+    from workers.training.hf import checkpoint_names
+
+    return [k for name in block.state_dict() for k in checkpoint_names(spec, f"layers.{layer_id}.{name}")]
