@@ -38,6 +38,16 @@ GREEN_JOB = {"zone": "GB", "now": "2020-06-01T18:00:00Z", "duration_h": 4, "powe
 # an incident list (controlplane.jobs: the failure-pattern knowledge base); team A's own has a kind only it names
 INCIDENTS = "node,time,kind\nnode-a,2026-01-01T00:00:00Z,gpu_hbm3\n"
 SECRET_KIND = "alice secret kind"
+HF_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+}
 
 
 @dataclass
@@ -146,6 +156,12 @@ API: dict[tuple[str, str], Op] = {
         own=CREATED,
         ref=("team", lambda w, team: _model(w, team=team, name="bob's")),
     ),
+    # a Hugging Face config.json stored as a model (the family's own keys, a tiny Llama)
+    ("POST", "/api/models/from-hf-config/"): Op(
+        body=lambda w: {"config": HF_CONFIG, "name": "imported"},
+        own=CREATED,
+        ref=("team", lambda w, team: {"config": HF_CONFIG, "name": "bob's import", "team": team}),
+    ),
     ("GET", "/api/models/{id}/"): Op("model"),
     ("PUT", "/api/models/{id}/"): Op("model", body=lambda w: _model(w, name="put")),
     ("PATCH", "/api/models/{id}/"): Op("model", body=lambda w: {"num_layers": 48}),
@@ -202,6 +218,9 @@ API: dict[tuple[str, str], Op] = {
     ("DELETE", "/api/green/schedules/{id}/"): Op("spare-green-schedule", own=GONE),
     # energy and carbon reports: the succeeded job has one (a POST answers it), found by its code
     ("POST", "/api/jobs/{id}/certificate/"): Op("job"),
+    # a job that did not start from a Hugging Face checkpoint has no export: alice is told so (404 with its
+    # reason), bob gets the 404 of a job that does not exist
+    ("GET", "/api/jobs/{id}/export/"): Op("job", own=frozenset({404})),
     ("GET", "/api/certificates/"): Op(lists=True),
     ("GET", "/api/certificates/{code}/"): Op("certificate"),
     ("GET", "/api/certificates/{code}/pdf"): Op("certificate"),
