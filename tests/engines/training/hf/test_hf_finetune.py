@@ -165,7 +165,7 @@ def test_a_snapshot_exports_the_weights_the_run_ended_with(tmp_path):
 
 @pytest.mark.long
 def test_a_hugging_face_run_killed_mid_way_recovers_bit_for_bit(tmp_path):
-    """A fine-tune on a tokenized corpus whose rank is killed at step 12 recovers from its step-10 snapshot
+    """A fine-tune on a tokenized corpus whose rank is killed at step 12 recovers from its newest snapshot
     (``cann-train elastic``: torchrun restarts the group) and ends with the very losses of the run that was
     never interrupted (the command runs that reference beside it and compares)."""
     docs = documents(300)
@@ -181,7 +181,8 @@ def test_a_hugging_face_run_killed_mid_way_recovers_bit_for_bit(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    assert [(f["kind"], f["resumed_from_step"]) for f in report["faults"]] == [("rank-killed", 10)], report[
-        "faults"
-    ]
+    # from the newest snapshot published before the kill: step 10's, or step 5's when the kill came while
+    # step 10's was still being written (snapshots are asynchronous)
+    [fault] = report["faults"]
+    assert fault["kind"] == "rank-killed" and fault["resumed_from_step"] in (5, 10), report["faults"]
     assert report["loss_bitwise_equal"] and report["steps_compared"] == 20
