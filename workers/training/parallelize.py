@@ -194,11 +194,14 @@ def parallelize(
     rank: int,
     *,
     timed_allreduce: bool = False,
+    load_weights=None,
 ) -> ParallelModel:
     """Apply ``cfg.strategy`` to ``model`` on this ``rank``: the mesh, then per pipeline stage of this rank
     TP -> CP -> EP -> activation checkpointing -> data parallel, then the pipeline schedule.
     ``timed_allreduce``: a DDP part without ``cfg.comm_hook`` gets torch's plain all-reduce hook with our
-    timing (its exposed communication time is the rank's collective wait: ``workers.training.supervision.step_times``)."""
+    timing (its exposed communication time is the rank's collective wait: ``workers.training.supervision.step_times``).
+    ``load_weights(part)``: fills each of this rank's stages, whole, before anything shards it (a Hugging
+    Face checkpoint: a pipeline stage reads only its own layers)."""
     s = cfg.strategy
     dims = ParallelDims.from_strategy(s, world_size)
     coords = dims.coordinates(rank)
@@ -212,6 +215,9 @@ def parallelize(
         stages = pipeline_split(model, coords["pp"], dims.pp, s.vpp, s.layers_per_stage)
     else:
         stages = [(0, model)]
+    if load_weights is not None:
+        for _stage_index, part in stages:
+            load_weights(part)
     model_parts, raw_parts, expert_params, comm_states, grad_reducers = [], [], [], [], []
     positions = None  # this rank's token positions with context parallelism (the same for every stage)
     bucket_cap_mb = resolve_bucket_cap_mb(cfg)

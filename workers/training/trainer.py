@@ -37,7 +37,7 @@ from workers.training.comm.stats import measured_overlap, run_comm_figures, step
 from workers.training.config import JobConfig
 from workers.training.corpora import corpus_for_run
 from workers.training.data import ShardedTokenLoader, TokenCorpus
-from workers.training.hf.runtime import build_model, export_parallel
+from workers.training.hf.runtime import build_model, export_parallel, weights_loader
 from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
 from workers.training.model import flops_per_token, num_params
 from workers.training.parallelize import (
@@ -138,7 +138,13 @@ class Trainer:
         # a watched DDP job without a hook of its own: torch's plain all-reduce hook, timed (the step's
         # collective wait; bitwise the same gradients as DDP's built-in reduction, see step_times)
         self.pm: ParallelModel = parallelize(
-            model, cfg, self.device, world_size, rank, timed_allreduce=self.step_times is not None
+            model,
+            cfg,
+            self.device,
+            world_size,
+            rank,
+            timed_allreduce=self.step_times is not None,
+            load_weights=weights_loader(cfg),  # a Hugging Face checkpoint, read per stage
         )
         for st in self.pm.comm_states:  # schedules scaled to the job (topk_ef's default density warm-up)
             if hasattr(st, "plan_for_job"):

@@ -31,18 +31,28 @@ EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 
 def build_model(cfg) -> Transformer:
-    """The run's model: from ``cfg.hf_model``'s weights when it names a checkpoint (no init first: every
-    parameter is overwritten), else our deterministic init."""
+    """The run's model: our deterministic init, or for ``cfg.hf_model`` the model without any init (every
+    parameter is its checkpoint's: :func:`weights_loader` fills each stage once the layout has split it)."""
     if not cfg.hf_model:
         return Transformer.build(cfg.model, cfg.seed)
     with skip_default_init():
-        model = Transformer(cfg.model)
-    with torch.no_grad():  # what the checkpoint does not hold: our router's balancing bias
-        for name, tensor in model.state_dict(keep_vars=True).items():
-            if not checkpoint_names(cfg.model, name):
-                tensor.zero_()
-    load_hf_weights(model, cfg.model, cfg.hf_model)
-    return model
+        return Transformer(cfg.model)
+
+
+def weights_loader(cfg):
+    """``parallelize``'s ``load_weights`` for ``cfg.hf_model`` (None without one): a stage's tensors from the
+    checkpoint, and zeros for what the checkpoint does not hold (our router's balancing bias)."""
+    if not cfg.hf_model:
+        return None
+
+    def load(part: Transformer) -> int:
+        with torch.no_grad():
+            for name, tensor in part.state_dict(keep_vars=True).items():
+                if not checkpoint_names(cfg.model, name):
+                    tensor.zero_()
+        return load_hf_weights(part, cfg.model, cfg.hf_model)  # the tensors read
+
+    return load
 
 
 def tokenizer_dir(cfg) -> Path | None:

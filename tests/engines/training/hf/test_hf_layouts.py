@@ -1,6 +1,7 @@
 """A Hugging Face model loaded into the runtime under tp2, pp2 and (MoE) ep2 gives ``transformers``' logits:
-the checkpoint is read into the whole model (a pipeline stage: only its layers) before the runtime's own
-``parallelize`` shards it, and the sharded model's forward is compared with the reference's."""
+the runtime's own path (``build_model``, then ``parallelize`` with the checkpoint's ``weights_loader``: each
+of a rank's stages read, whole, before anything shards it; a pipeline stage reads only its own layers), and
+the sharded model's forward compared with the reference's."""
 
 from __future__ import annotations
 
@@ -20,21 +21,26 @@ def scenarios(rank: int, world: int, directory: str, strategy: dict, tokens: tor
     import torch.distributed as dist
 
     from workers.training.config import JobConfig
-    from workers.training.hf import load_hf_weights, spec_from_hf_config
-    from workers.training.model import Transformer
-    from workers.training.parallel.pipeline import pipeline_split
+    from workers.training.hf import spec_from_hf_config
+    from workers.training.hf.runtime import build_model, weights_loader
     from workers.training.parallelize import parallelize
 
     spec = spec_from_hf_config(directory, seq_length=SEQ)
     cfg = JobConfig.from_dict(
-        {"model": spec.to_dict(), "strategy": strategy, "training": {"global_batch_size": 2 * world}}
+        {
+            "model": spec.to_dict(),
+            "strategy": strategy,
+            "training": {"global_batch_size": 2 * world},
+            "hf_model": directory,
+        }
     )
-    model = Transformer(cfg.model)
-    if strategy.get("pp", 1) > 1:  # what a stage reads: its own layers only
-        ((_, stage),) = pipeline_split(Transformer(cfg.model), rank, strategy["pp"], 1)
-        read_by_stage = load_hf_weights(stage, cfg.model, directory)
-    load_hf_weights(model, cfg.model, directory)
-    pm = parallelize(model, cfg, torch.device("cpu"), world, rank)
+    model = build_model(cfg)
+    reads: list[int] = []  # the runtime's own path: each stage of this rank filled once the layout split it
+    load = weights_loader(cfg)
+    pm = parallelize(
+        model, cfg, torch.device("cpu"), world, rank, load_weights=lambda part: reads.append(load(part))
+    )
+    read_by_stage = sum(reads)
     part = pm.raw_parts[0]
     part.eval()
     with torch.no_grad():
