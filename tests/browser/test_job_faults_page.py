@@ -284,15 +284,20 @@ def test_a_real_job_whose_rank_is_killed_shows_the_fault_and_goodput_and_restore
     assert page.locator("#job-events li[data-state=recovering]").count() == 1
     # the loss line goes back to the step after the snapshot (a gap, then the same steps again)
     xs = page.evaluate("() => document.getElementById('chart-loss').data[0].x")
-    gap = xs.index(None)
-    assert xs[gap - 1] == fault.step and xs[gap + 1] == fault.resumed_from_step + 1 and xs[-1] == steps
+    if fault.steps_lost:
+        gap = xs.index(None)
+        assert xs[gap - 1] == fault.step and xs[gap + 1] == fault.resumed_from_step + 1 and xs[-1] == steps
+    else:  # killed just after the snapshot it resumed from (the injector fires when it sees the step: late
+        # under load, CI 2026-12-04): nothing trained again, one unbroken line
+        assert None not in xs and xs == list(range(1, steps + 1))
 
     # goodput, as the engine measured it, with its badput parts
     page.wait_for_function(
         "() => document.getElementById('goodput-value').dataset.value !== undefined", timeout=20000
     )
     assert float(page.get_attribute("#goodput-value", "data-value")) == pytest.approx(job.goodput["goodput"])
-    assert 0 < job.goodput["goodput"] < 1 and job.goodput["badput"]["lost_progress_s"] > 0
+    assert 0 < job.goodput["goodput"] < 1
+    assert job.goodput["badput"]["lost_progress_s"] > 0 or not fault.steps_lost
     parts = page.eval_on_selector_all("#badput-table tbody tr", "rows => rows.map(r => r.dataset.badput)")
     assert set(parts) == set(job.goodput["badput"])
 
