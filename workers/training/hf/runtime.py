@@ -65,13 +65,13 @@ def tokenizer_dir(cfg) -> Path | None:
 
 def export_dtype(cfg) -> torch.dtype:
     """The source checkpoint's dtype (a bf16 model goes back bf16), else fp32."""
-    source = (cfg.model.arch.hf_config or {}) if cfg.model.architecture else {}
+    source = cfg.model.arch.hf_config or {}  # (our own GPT's architecture carries no config)
     return EXPORT_DTYPES.get(
         str(source.get("dtype") or source.get("torch_dtype") or "float32"), torch.float32
     )
 
 
-def _full(name: str, tensor: torch.Tensor, ep_group) -> torch.Tensor:
+def _full(tensor: torch.Tensor, ep_group) -> torch.Tensor:
     """The whole tensor behind this rank's piece of it (a collective where the layout split it)."""
     from workers.training.parallel.expert import is_expert_param
 
@@ -98,7 +98,7 @@ def export_parallel(pm, cfg, out_dir: str | Path, rank: int) -> Path:
             if id(tensor) in seen or not checkpoint_names(cfg.model, name):
                 continue  # a tied matrix once; what the checkpoint does not hold
             seen.add(id(tensor))
-            state[name] = _full(name, tensor, ep_group)
+            state[name] = _full(tensor, ep_group)
     writer = coords["tp"] == 0 and coords["cp"] == 0 and coords["dp"] == 0
     dtype = export_dtype(cfg)
     written: dict[str, str] = {}

@@ -75,9 +75,8 @@ def load_hf_weights(model: nn.Module, spec: ModelSpec, directory: str | Path, *,
     from safetensors import safe_open
 
     files = checkpoint_files(directory)
-    wanted: dict[str, list[str]] = {}
-    for name in _state_names(model):
-        wanted[name] = checkpoint_names(spec, name)
+    state = model.state_dict(keep_vars=True)
+    wanted = {name: checkpoint_names(spec, name) for name in _unique_names(state)}
     missing = sorted({key for keys in wanted.values() for key in keys} - set(files))
     if missing:
         raise HFWeightsError(
@@ -86,7 +85,6 @@ def load_hf_weights(model: nn.Module, spec: ModelSpec, directory: str | Path, *,
     if strict:
         _check_leftovers(spec, files, directory)
     handles: dict[Path, object] = {}
-    state = dict(model.state_dict(keep_vars=True))
     read = 0
     try:
         with torch.no_grad():
@@ -113,10 +111,11 @@ def load_hf_weights(model: nn.Module, spec: ModelSpec, directory: str | Path, *,
     return read
 
 
-def _state_names(model: nn.Module) -> Iterable[str]:
-    """Parameters and persistent buffers, a tied matrix once (under the embedding's name)."""
+def _unique_names(state: dict[str, torch.Tensor]) -> Iterable[str]:
+    """The names of a state dict's parameters and persistent buffers, a tied matrix once (under the
+    embedding's name)."""
     seen: set[int] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
+    for name, tensor in state.items():
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
@@ -128,7 +127,11 @@ def _check_leftovers(spec: ModelSpec, files: dict[str, Path], directory) -> None
 
     with torch.device("meta"):
         whole = Transformer(spec)
-    named = {key for name in _state_names(whole) for key in checkpoint_names(spec, name)}
+    named = {
+        key
+        for name in _unique_names(whole.state_dict(keep_vars=True))
+        for key in checkpoint_names(spec, name)
+    }
     extra = sorted(k for k in set(files) - named if not IGNORED.search(k))
     if extra:
         raise HFWeightsError(
