@@ -153,7 +153,7 @@ DATA_ROOTS = [
 # base's for "runs here"; GPUs/NPUs are bounded by the device count
 MAX_CPU_RANKS_PER_NODE = int(os.environ.get("CANN_TRAIN_MAX_CPU_RANKS", "4"))
 
-# --- launching jobs beyond one machine (controlplane/jobs/external.py; README "Beyond one machine") --------
+# --- launching jobs beyond one machine (controlplane/jobs/services/launchers.py and follow.py; README "Beyond one machine") --------
 # local: a Celery worker runs each node's torchrun (the default); slurm: sbatch; kubernetes: a PyTorchJob
 JOB_LAUNCHERS = ("local", "slurm", "kubernetes")
 JOB_LAUNCHER = os.environ.get("CANN_TRAIN_LAUNCHER", "local").strip().lower() or "local"

@@ -7,6 +7,8 @@ import socket
 
 from celery import shared_task
 
+from controlplane.common.redis import redis_client
+
 PING_KEY = "cann:ping:{nonce}"
 
 
@@ -18,8 +20,6 @@ def ping(nonce: str) -> str:
     result backend: the web process then never subscribes to result pub/sub, whose reconnect logic
     gives up for good ("the Celery application must be restarted") after one Redis outage.
     """
-    from controlplane.common.redis import redis_client
-
     worker = socket.gethostname()
     redis_client().set(PING_KEY.format(nonce=nonce), worker, ex=30)
     return worker

@@ -28,7 +28,7 @@ ZONE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 CURRENCY = re.compile(r"^[A-Za-z]{0,8}$")
 
 
-def _hours(what: str, **kwargs) -> serializers.FloatField:
+def hours_field(what: str, **kwargs) -> serializers.FloatField:
     return serializers.FloatField(
         min_value=MIN_HOURS,
         max_value=MAX_HOURS,
@@ -41,7 +41,7 @@ def _hours(what: str, **kwargs) -> serializers.FloatField:
     )
 
 
-def _kw(what: str, **kwargs) -> serializers.FloatField:
+def kw_field(what: str, **kwargs) -> serializers.FloatField:
     return serializers.FloatField(
         min_value=0.001,
         max_value=MAX_KW,
@@ -235,9 +235,11 @@ class ScheduleListCreateApi(APIView):
             help_text="when the job is ready (default or null: the current time; with forecast_csv, its first "
             "timestamp when it does not cover the current time)",
         )
-        duration_h = _hours("the job's predicted run time in hours")
-        power_kw = _kw("the job's average IT power in kW (devices and hosts, without the facility's PUE)")
-        deadline_h = _hours("the job must finish by now + deadline_h")
+        duration_h = hours_field("the job's predicted run time in hours")
+        power_kw = kw_field(
+            "the job's average IT power in kW (devices and hosts, without the facility's PUE)"
+        )
+        deadline_h = hours_field("the job must finish by now + deadline_h")
         interruptible = serializers.BooleanField(
             default=False, help_text="the job resumes from snapshots: it may run in several slots"
         )
@@ -281,7 +283,7 @@ class ScheduleListCreateApi(APIView):
             },
             help_text="internal carbon price for objective mix, currency per tCO2e",
         )
-        site_cap_kw = _kw(
+        site_cap_kw = kw_field(
             "the power the site's scheduled jobs may draw together, in kW (the team's stored schedules in "
             "the same zone hold their power over their slots)",
             required=False,

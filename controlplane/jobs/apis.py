@@ -47,7 +47,6 @@ from controlplane.jobs.models import (
     TrainingJob,
 )
 from controlplane.jobs.options import RunOptionsMixin
-from controlplane.jobs.recovery import job_restore
 from controlplane.jobs.selectors import (
     elastic_index,
     fault_values,
@@ -57,6 +56,7 @@ from controlplane.jobs.selectors import (
     snapshot_rows,
 )
 from controlplane.jobs.services.export import hf_export_zip
+from controlplane.jobs.services.recovery import job_restore
 from controlplane.live.selectors import stored_events
 from controlplane.live.tasks import probe
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
@@ -293,7 +293,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
 class CarbonAwareSerializer(StrictFieldsMixin, serializers.Serializer):
     """Schedule the job on the least carbon before its deadline (a green schedule named after it)."""
 
-    deadline_h = green_apis._hours("the job must finish by now + deadline_h")
+    deadline_h = green_apis.hours_field("the job must finish by now + deadline_h")
     interruptible = serializers.BooleanField(
         default=False,
         help_text="it may run in several slots, pausing between them (it needs snapshot_every > 0)",
@@ -301,13 +301,13 @@ class CarbonAwareSerializer(StrictFieldsMixin, serializers.Serializer):
     zone = serializers.CharField(
         required=False, max_length=64, help_text="the grid zone (default: the job's energy zone)"
     )
-    duration_h = green_apis._hours(
+    duration_h = green_apis.hours_field(
         "its predicted run time (default: steps x its plan's predicted step time)", required=False
     )
-    power_kw = green_apis._kw(
+    power_kw = green_apis.kw_field(
         "its average IT power (default: its plan's predicted devices x watts)", required=False
     )
-    site_cap_kw = green_apis._kw(
+    site_cap_kw = green_apis.kw_field(
         "the power the team's scheduled jobs may draw together in the zone", required=False, allow_null=True
     )
     forecast_csv = serializers.CharField(

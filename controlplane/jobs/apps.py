@@ -8,11 +8,10 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
-        from controlplane.jobs import scheduling
         from controlplane.jobs.comparisons import reap_stalled_comparisons
-        from controlplane.jobs.external import follow_external_jobs
         from controlplane.jobs.selectors import plan_measured_expert_load, plan_measured_runs
-        from controlplane.jobs.services import job_progress_from_events, job_submit, reap_orphans
+        from controlplane.jobs.services import job_progress_from_events, job_submit, reap_orphans, scheduling
+        from controlplane.jobs.services.follow import follow_external_jobs
         from controlplane.live import housekeeping
         from controlplane.planning import ports
 

@@ -26,7 +26,7 @@ class TrainingJob(LongRunningJob):
     running ⇄ recovering
     while a fault (a killed or hung rank, a lost worker) is being recovered from the newest good snapshot.
     A job with a green schedule waits in scheduled for its window; an interruptible one goes running →
-    scheduled at the end of each slot but the last (``controlplane.jobs.scheduling``).
+    scheduled at the end of each slot but the last (``controlplane.jobs.services.scheduling``).
     A failed or cancelled job can be relaunched (``attempts`` counts launches); a job that snapshots
     resumes. ``measured`` holds the run summary beside the plan's ``predicted`` figures, so the knowledge
     base learns from every run.
@@ -114,7 +114,7 @@ class TrainingJob(LongRunningJob):
     pause_requested = models.BooleanField(
         default=False, help_text="stopped at the end of its slot: it goes back to scheduled, not cancelled"
     )
-    # the launcher of the current attempt (controlplane.jobs.external): local = a Celery worker's torchrun,
+    # the launcher of the current attempt (controlplane.jobs.services.launchers, .follow): local = a Celery worker's torchrun,
     # supervised and reaped by heartbeat; slurm / kubernetes = the scheduler's job, followed by its state
     launcher = models.CharField(
         max_length=16,

@@ -1,7 +1,8 @@
 """The paths a job request names (its Hugging Face model, tokenizer and corpus) must lie under a directory the
 operator allows (``settings.DATA_ROOTS``, ``CANN_TRAIN_DATA_ROOTS``): a user's job reads what their team put
 there, never the control plane's files. A path is resolved as the nodes would open it (symlinks followed,
-``..`` refused outright) before it is compared; each problem is the field's 400."""
+``..`` refused outright) before it is compared; each problem is the field's 400. And the control plane's own
+directory of a job's attempt (``job_dir``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 from django.conf import settings
 from rest_framework.exceptions import ValidationError
+
+from controlplane.jobs.models import TrainingJob
 
 PATH_OPTIONS = ("hf_model", "tokenizer", "data")
 
@@ -42,3 +45,9 @@ def check_job_paths(config: dict) -> None:
     }
     if errors:
         raise ValidationError(errors)
+
+
+def job_dir(job: TrainingJob, attempt: int) -> Path:
+    path = Path(settings.VAR_DIR) / "jobs" / str(job.pk) / f"attempt-{attempt}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -15,6 +15,7 @@ from controlplane.common.models import JobState
 from controlplane.jobs.models import WITHOUT_THE_NODE, JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
+from controlplane.planning.models import StoredPlan
 from workers import planner
 from workers.planner.specs import OWN_FAMILY
 from workers.planner.warmstart import MeasuredRun
@@ -296,8 +297,6 @@ def online_node_queues(timeout: float = 1.5) -> list[str]:
 
 def source_plan_of(user, pk: int):
     """A stored plan of one of the user's teams (None otherwise): the plan a job is launched from."""
-    from controlplane.planning.models import StoredPlan
-
     return scoped(StoredPlan.objects.all(), user).filter(pk=pk).first()
 
 
@@ -305,8 +304,6 @@ def queue_position(job: TrainingJob) -> int | None:
     """How many launched jobs wait ahead of this one for a worker slot (any team's: they share the
     workers; only the count is shown), or None when the job is not waiting. A job waits from its launch
     until a supervisor picks one of its nodes up."""
-    from controlplane.common.models import JobState
-
     waiting_states = (JobState.QUEUED, JobState.LAUNCHING)
     if job.state not in waiting_states or job.attempts < 1:
         return None

@@ -10,6 +10,7 @@ from controlplane.accounts.selectors import teams_of
 from controlplane.common.models import JobState
 from controlplane.jobs import selectors
 from controlplane.jobs.forms import CompareForm
+from controlplane.jobs.slots import slots_of
 from workers.planner.plan import predicted_overlap_ratio
 from workers.training.comm_methods import COMPARE_METHODS, WEB_DEFAULT_METHODS
 
@@ -37,8 +38,6 @@ def schedule_slot_labels(job) -> list[str]:
     if job.green_schedule is None:
         return []
     from datetime import UTC
-
-    from controlplane.jobs.scheduling import slots_of
 
     labels = []
     for a, b in slots_of(job.green_schedule):

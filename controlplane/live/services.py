@@ -18,14 +18,14 @@ log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _writer() -> EventWriter:
+def event_writer() -> EventWriter:
     return EventWriter(redis_client())
 
 
 def publish(stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> int:
     """Append an event to a stream; the relay forwards it to subscribers. Call it after the commit that
     the event describes (``transaction.on_commit``)."""
-    return _writer().publish(stream, kind, values, step=step)
+    return event_writer().publish(stream, kind, values, step=step)
 
 
 def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> None:

@@ -4,7 +4,7 @@ policy, the `recovering` state, live updates as the recovery engine reports, and
 snapshot" (confirm, then the API's answer).
 
 The faults, recoveries, snapshots and goodput are written through the services the recovery engine's
-callbacks call (``controlplane.jobs.recovery``), so every live update travels the real path: commit ->
+callbacks call (``controlplane.jobs.services.faults``), so every live update travels the real path: commit ->
 Redis stream -> relay -> websocket -> page."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ FAULT_TRACE = "() => document.getElementById('chart-loss').data.find(t => t.name
 
 
 def _snapshot(job, step: int) -> None:
-    from controlplane.jobs.recovery import record_snapshot
+    from controlplane.jobs.services.faults import record_snapshot
 
     record_snapshot(
         job_id=job.pk,
@@ -47,8 +47,8 @@ def _running_job_with_a_recovered_fault(team):
     """A running 2-rank job: steps 1-12, rank 1 killed after step 12, resumed from the snapshot of step 10
     (restart 1), steps 11-16 again; snapshots at 5, 10, 15."""
     from controlplane.jobs.models import JobNode, TrainingJob
-    from controlplane.jobs.recovery import record_fault, record_recovery
     from controlplane.jobs.services import job_config_of, validated_config
+    from controlplane.jobs.services.faults import record_fault, record_recovery
     from controlplane.live.models import StreamEvent
 
     config = job_config_of(
@@ -116,8 +116,8 @@ def _running_job_with_a_recovered_fault(team):
 
 def test_faults_snapshots_and_goodput_show_and_update_live_on_the_job_page(live_stack, page, alice):
     from controlplane.jobs.models import JobNode, TrainingJob
-    from controlplane.jobs.recovery import record_fault, record_recovery
     from controlplane.jobs.services import MAX_ACTIVE_JOBS_PER_TEAM, node_finished
+    from controlplane.jobs.services.faults import record_fault, record_recovery
 
     team = alice.teams.first()
     job = _running_job_with_a_recovered_fault(team)

@@ -213,7 +213,7 @@ def test_losing_node_0_which_hosts_the_rendezvous_store_resumes_the_job_as_a_new
 
 @pytest.mark.django_db
 def test_a_node_worker_online_joins_an_elastic_attempt_short_of_nodes(alice_api, tmp_path):
-    from controlplane.jobs.recovery import grow_elastic_jobs
+    from controlplane.jobs.services.recovery import grow_elastic_jobs
 
     job = _elastic_job(alice_api.team, tmp_path)
     assert grow_elastic_jobs(node_queues=["node.node-c"]) == []  # at max_nodes: nothing to grow
@@ -287,8 +287,8 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
     train: node-a goes on alone (dp 2 -> 1, resharded from the newest snapshot); node-b is recorded lost, the
     job is neither failed nor resumed as a new attempt; it ends succeeded on one rank, finite losses."""
     from controlplane.jobs.models import JobFault, TrainingJob
-    from controlplane.jobs.recovery import reap_lost_nodes
     from controlplane.jobs.selectors import online_node_queues
+    from controlplane.jobs.services.recovery import reap_lost_nodes
     from controlplane.live.models import StreamEvent
     from controlplane.stack import stop
 

@@ -317,8 +317,8 @@ def test_the_reaper_leaves_the_jobs_a_scheduler_runs_alone(make_member):
 
 
 def test_a_job_slurm_no_longer_knows_fails_saying_so(slurm_cluster, make_member, monkeypatch):
-    from controlplane.jobs.external import follow_external_jobs
     from controlplane.jobs.models import TrainingJob
+    from controlplane.jobs.services.follow import follow_external_jobs
     from tests.integration.test_job_reaper import running_job
 
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))

@@ -124,7 +124,7 @@ def test_an_event_committed_while_redis_is_away_is_kept_and_published_later(sett
     port = free_port()
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
     redis_client.cache_clear()
-    services._writer.cache_clear()
+    services.event_writer.cache_clear()
     # the session's stacks flush the same database's pending events every 2 s (to their own Redis): paused,
     # so that the row this test keeps is the one it publishes (it raced them: CI saw 0 published, not 1)
     try:
@@ -145,7 +145,7 @@ def test_an_event_committed_while_redis_is_away_is_kept_and_published_later(sett
                 stop([proc])
     finally:
         redis_client.cache_clear()
-        services._writer.cache_clear()
+        services.event_writer.cache_clear()
 
 
 def test_searches_and_comparisons_have_a_team_quota_too(alice, monkeypatch):

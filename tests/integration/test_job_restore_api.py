@@ -51,7 +51,7 @@ def _job(team, *, state="failed", attempts=1, tmp_path=None, **fields):
 
 def _snapshot(job, step: int, *, verified=True, kind="full") -> dict:
     """A snapshot as the engine reports it (``ElasticWatch(on_snapshot=...)``), recorded by the service."""
-    from controlplane.jobs.recovery import record_snapshot
+    from controlplane.jobs.services.faults import record_snapshot
 
     snap = {
         "name": f"step-{step:08d}",
@@ -283,7 +283,7 @@ def test_the_service_bounds_the_policy_too(alice_api):
 
 
 def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice_api, bob):
-    from controlplane.jobs.recovery import record_fault, record_recovery
+    from controlplane.jobs.services.faults import record_fault, record_recovery
 
     job = _job(alice_api.team, state="running", tmp_path=Path("/nonexistent-elsewhere"))
     detected = time.time()
@@ -326,7 +326,7 @@ def test_a_fault_makes_the_job_recovering_and_its_recovery_running_again(alice_a
 
 
 def test_a_recovery_whose_fault_was_never_recorded_is_kept_whole(alice_api):
-    from controlplane.jobs.recovery import record_recovery
+    from controlplane.jobs.services.faults import record_recovery
 
     job = _job(alice_api.team, state="running")
     now = time.time()
@@ -487,8 +487,8 @@ def test_a_lost_worker_resumes_a_job_that_snapshots_as_a_new_attempt(alice_api):
 
 
 def test_a_lost_worker_fails_a_job_without_snapshots_or_restarts_left_saying_why(alice_api):
-    from controlplane.jobs.recovery import record_fault
     from controlplane.jobs.services import reap_orphans
+    from controlplane.jobs.services.faults import record_fault
 
     plain = _running_with_silent_supervisor(alice_api.team)
     spent = _running_with_silent_supervisor(

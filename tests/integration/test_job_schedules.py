@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from controlplane.jobs.scheduling import due_slot, next_slot
+from controlplane.jobs.slots import due_slot, next_slot
 from tests.conftest import http
 from tests.integration.test_jobs import job_payload, wait_for_state
 
@@ -125,7 +125,7 @@ def test_bad_schedule_requests_are_400s_that_say_what_to_fix(live_stack, alice, 
 
 
 def test_a_scheduled_job_waits_and_a_cancel_ends_it_at_once(live_stack, alice):
-    from controlplane.jobs import scheduling
+    from controlplane.jobs.services import scheduling
 
     client = client_of(alice)
     sched = stored_schedule(
@@ -152,8 +152,8 @@ def test_a_scheduled_job_waits_and_a_cancel_ends_it_at_once(live_stack, alice):
 
 @pytest.mark.long
 def test_an_interruptible_job_runs_in_its_slots_and_its_report_carries_the_saving(live_stack, alice):
-    from controlplane.jobs import scheduling
     from controlplane.jobs.models import TrainingJob
+    from controlplane.jobs.services import scheduling
     from controlplane.live.models import StreamEvent
 
     client = client_of(alice)

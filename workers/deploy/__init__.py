@@ -11,5 +11,5 @@
 - ``schemas/``                  the training operator's PyTorchJob CRD, vendored (cut down) for the tests
 
 The control plane launches through :mod:`slurm` / :mod:`kubernetes` when ``CANN_TRAIN_LAUNCHER`` says so
-(``controlplane/jobs/external.py``).
+(``controlplane/jobs/services/launchers.py``, ``follow.py``).
 """

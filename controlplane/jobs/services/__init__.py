@@ -1,15 +1,28 @@
-"""Writes for training jobs, one module per job: ``events`` (a job's live events, the retried database
-write), ``submit`` (check, store, launch or schedule), ``lifecycle`` (launch, cancel, fail), ``nodes`` (what
-the nodes report, an attempt settled), ``node_run`` (one node of one attempt: the Celery task's body),
-``orphans`` (jobs whose worker died), ``annotations`` (tags, notes).
-The process supervision itself is the engine's (``workers.training.supervision.supervisor``); these modules
-record what it reports. Recovery, comparisons, schedules and external launchers have their own modules
-beside this package (``controlplane/jobs/``).
+"""Writes for training jobs, one module per job, on floors (each imports only those below it; ``.importlinter``'s
+jobs contract):
 
-The callers (APIs, tasks, other apps, tests) take the names from here."""
+- ``events`` (a job's live events, the retried database write), ``outcomes`` (a job failed; what a cancelled
+  one says);
+- ``faults`` (what the recovery engine reports, kept; what the next attempt resumes from), ``launchers``
+  (Slurm / Kubernetes: launch and cancel an attempt);
+- ``lifecycle`` (launch, fan out to the nodes, cancel);
+- ``nodes`` (what the nodes report, an attempt settled);
+- ``recovery`` (a lost worker resumed, an elastic job's node range, a restore), ``follow`` (the jobs a
+  scheduler runs);
+- ``watches`` (a node's recovery and risk watches), ``orphans`` (jobs whose worker died), ``submit``
+  (check, store, launch or schedule), ``annotations`` (tags, notes), ``export``;
+- ``node_run`` (one node of one attempt: the Celery task's body).
+
+The process supervision itself is the engine's (``workers.training.supervision.supervisor``); these modules
+record what it reports. Carbon-aware launching is ``controlplane.jobs.services.scheduling`` (its slot arithmetic
+``controlplane.jobs.slots``), comparisons ``controlplane.jobs.comparisons``.
+
+Callers above the app's services (APIs, views, tasks, other apps, tests) take the names from here; a module
+of the app takes them from the module that defines them (this package imports every one of them)."""
 
 from __future__ import annotations
 
+from controlplane.jobs.paths import job_dir
 from controlplane.jobs.services.annotations import (
     MAX_TAGS,
     NOTES_MAX_CHARS,
@@ -21,10 +34,7 @@ from controlplane.jobs.services.annotations import (
 from controlplane.jobs.services.events import DATABASE_RETRY_S, job_event, until_the_database_answers
 from controlplane.jobs.services.lifecycle import (
     MAX_ACTIVE_JOBS_PER_TEAM,
-    cancelled_message,
     job_cancel,
-    job_dir,
-    job_fail,
     job_fan_out,
     job_launch,
     scheduled_message,
@@ -42,6 +52,7 @@ from controlplane.jobs.services.nodes import (
     settle_attempt,
 )
 from controlplane.jobs.services.orphans import reap_orphans, running_on_node
+from controlplane.jobs.services.outcomes import cancelled_message, job_fail
 from controlplane.jobs.services.submit import (
     MAX_CPU_STEPS,
     MAX_DEVICES_PER_NODE,

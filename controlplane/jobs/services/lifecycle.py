@@ -1,9 +1,8 @@
-"""A job's lifecycle: launch (fan out to its nodes), cancel, fail."""
+"""A job's lifecycle: launch (fan out to its nodes, or hand it to a cluster scheduler), cancel."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -15,6 +14,10 @@ from controlplane.common.models import JobState
 from controlplane.jobs.models import JobNode, TrainingJob
 from controlplane.jobs.selectors import NODE_QUEUE_PREFIX, online_node_queues
 from controlplane.jobs.services.events import job_event
+from controlplane.jobs.services.faults import resume_plan
+from controlplane.jobs.services.launchers import cancel_external, launch_attempt
+from controlplane.jobs.services.outcomes import cancelled_message, job_fail
+from controlplane.jobs.slots import slots_of, utc_text
 from controlplane.jobs.tasks import launch_job, run_node
 
 # work one team may have queued or running at once (a runaway script cannot fill the workers' queues)
@@ -23,8 +26,6 @@ MAX_ACTIVE_JOBS_PER_TEAM = int(os.environ.get("CANN_TRAIN_MAX_ACTIVE_JOBS", "20"
 
 def scheduled_message(schedule) -> str:
     """What a job waiting for its carbon-aware window says."""
-    from controlplane.jobs.scheduling import slots_of, utc_text
-
     slots = slots_of(schedule)
     result = schedule.result
     saving = result.get("saving_pct")
@@ -72,8 +73,6 @@ def job_launch(
                 f"Your team has {active} jobs queued or running, the most one team may have at once "
                 f"(CANN_TRAIN_MAX_ACTIVE_JOBS={MAX_ACTIVE_JOBS_PER_TEAM}). Wait for some to finish, or cancel some."
             )
-        from controlplane.jobs.recovery import resume_plan
-
         job.config, resume = resume_plan(job, resume_from=resume_from)
         job.attempts += 1
         if not automatic:  # a person launched it: the restart budget starts again
@@ -103,11 +102,6 @@ def job_launch(
     return job
 
 
-def cancelled_message(job: TrainingJob) -> str:
-    """What a cancelled job says instead of an error: who asked for it."""
-    return f"Cancelled by {job.cancelled_by.get_username()}." if job.cancelled_by_id else "Cancelled."
-
-
 def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
     """Ask the job to stop (``user`` is remembered: the job then says who cancelled it)."""
     with transaction.atomic():
@@ -126,27 +120,9 @@ def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
                 job, {"state": "cancelled", "attempt": job.attempts, "message": job.human_readable_error}
             )
         elif job.launcher != "local":  # its scheduler stops it (and the follower settles it when it has)
-            from controlplane.jobs.external import cancel_external
-
             transaction.on_commit(lambda: cancel_external(job_id=job.pk))
         job.save()
     return job
-
-
-def job_fail(*, job_id: int, human: str, error: str = "") -> None:
-    with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().get(pk=job_id)
-        if job.is_finished:
-            return
-        job.state = JobState.FAILED
-        job.human_readable_error = human
-        job.error = error
-        job.finished_at = timezone.now()
-        job.save()
-        job.nodes.filter(attempt=job.attempts).exclude(state__in=TrainingJob.TERMINAL_STATES).update(
-            state=JobState.FAILED, finished_at=job.finished_at
-        )
-        job_event(job, {"state": "failed", "message": human, "attempt": job.attempts})
 
 
 def job_fan_out(*, job_id: int, attempt: int) -> str:
@@ -156,9 +132,7 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
     job = TrainingJob.objects.get(pk=job_id)
     if job.attempts != attempt or job.state != JobState.QUEUED:
         return "skipped"
-    if settings.JOB_LAUNCHER != "local":  # Slurm or Kubernetes runs it (controlplane.jobs.external)
-        from controlplane.jobs.external import launch_attempt
-
+    if settings.JOB_LAUNCHER != "local":  # Slurm or Kubernetes runs it (controlplane.jobs.services.launchers)
         return launch_attempt(job_id=job_id, attempt=attempt)
     if job.nnodes == 1:
         queues = ["training"]
@@ -208,9 +182,3 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
         for rank, queue in enumerate(queues):
             transaction.on_commit(lambda r=rank, q=queue: run_node.apply_async((job_id, attempt, r), queue=q))
     return f"launched on {', '.join(queues)}"
-
-
-def job_dir(job: TrainingJob, attempt: int) -> Path:
-    path = Path(settings.VAR_DIR) / "jobs" / str(job.pk) / f"attempt-{attempt}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path

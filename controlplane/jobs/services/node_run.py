@@ -14,10 +14,12 @@ from controlplane.common import logs
 from controlplane.common.models import JobState
 from controlplane.common.redis import redis_client
 from controlplane.jobs.models import JobNode, TrainingJob
+from controlplane.jobs.paths import job_dir
 from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import until_the_database_answers
-from controlplane.jobs.services.lifecycle import job_dir, job_fail
 from controlplane.jobs.services.nodes import heartbeat, node_finished, node_started
+from controlplane.jobs.services.outcomes import job_fail
+from controlplane.jobs.services.watches import elastic_watch_for, risk_watch_for
 from controlplane.live.services import publish
 from workers.training.supervision import supervisor
 
@@ -69,7 +71,6 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     # the recovery engine: watches the ranks (progress, hangs), fires injected faults, reports faults,
     # recoveries and snapshots (recorded as they come) and the goodput at the end (recovery.py imports
     # these services: imported here, when a node runs, not when they load)
-    from controlplane.jobs.recovery import elastic_watch_for
 
     try:
         watch = elastic_watch_for(job, attempt, node_rank, workdir)
@@ -164,8 +165,6 @@ def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
         if wants_cancel:
             log.info("job %s node %s: cancel requested, stopping the process group", job.pk, node_rank)
         return wants_cancel
-
-    from controlplane.jobs.recovery import risk_watch_for
 
     # the fault-risk loop: this node's telemetry and its ranks' straggler scores, live on the job's stream
     risk = risk_watch_for(job, attempt, node_rank, watch, local_ranks=job.nproc_per_node) if watch else None

@@ -11,10 +11,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.common.models import JobState
-from controlplane.jobs.models import JobNode, TrainingJob
+from controlplane.jobs.models import WITHOUT_THE_NODE, JobNode, TrainingJob
 from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import job_event
-from controlplane.jobs.services.lifecycle import cancelled_message
+from controlplane.jobs.services.faults import record_node_lost, settle_worker_lost, store_elastic_report
+from controlplane.jobs.services.outcomes import cancelled_message
+from controlplane.jobs.slots import next_slot, slots_of, utc_text
+from controlplane.planning.services import plan_record_measurement
 
 # a supervisor that has not written a heartbeat for this long is presumed dead
 HEARTBEAT_TIMEOUT = timedelta(seconds=float(os.environ.get("CANN_TRAIN_HEARTBEAT_TIMEOUT_S", "20")))
@@ -71,8 +74,6 @@ def node_finished(
     engine's report of the node (``ElasticWatch.report()``): its snapshots and goodput are kept. A node of
     an elastic job that fails while other nodes of its attempt go on is a ``node-lost`` fault, not the end
     of the job (``record_node_lost``). A node of an earlier attempt settles nothing."""
-    from controlplane.jobs.recovery import record_node_lost, store_elastic_report
-
     now = timezone.now()
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=node.job_id)
@@ -141,8 +142,6 @@ def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now
     """Every node of the job's current attempt has ended: the job ends (inside the caller's transaction,
     ``job`` locked). An elastic job leaves out the nodes it lost (``node-lost`` faults): it succeeded when
     the nodes that went on to the end did."""
-    from controlplane.jobs.models import WITHOUT_THE_NODE
-
     if job.elastic:
         lost = set(
             job.faults.filter(attempt=job.attempts, kind__in=WITHOUT_THE_NODE).values_list(
@@ -153,8 +152,6 @@ def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now
     states = {n.state for n in nodes}
     paused = job.pause_requested and states != {JobState.SUCCEEDED}
     if paused:  # stopped at the end of its carbon-aware slot: it waits for the next one
-        from controlplane.jobs.scheduling import next_slot, slots_of, utc_text
-
         job.state = JobState.SCHEDULED
         job.cancel_requested = job.pause_requested = False
         job.human_readable_error = job.error = ""
@@ -232,8 +229,6 @@ MEASURED_KEYS = (
 
 def record_measurement(*, job: TrainingJob) -> None:
     """The knowledge base learns: the measured figures go beside the source plan's prediction."""
-    from controlplane.planning.services import plan_record_measurement
-
     measured = {k: job.measured[k] for k in MEASURED_KEYS if k in job.measured}
     plan_record_measurement(plan=job.source_plan, measured=measured, source=f"job/{job.pk}")
 
@@ -245,8 +240,6 @@ def job_progress_from_events(stream: str, events: list[dict]) -> None:
     steps = [e["step"] for e in events if e.get("kind") == "train" and isinstance(e.get("step"), int)]
     if kind != "job" or not steps or not pk.isdigit():
         return
-    from controlplane.jobs.recovery import settle_worker_lost
-
     settle_worker_lost(job_id=int(pk), events=events)
     job = TrainingJob.objects.filter(pk=int(pk), state__in=TrainingJob.ACTIVE_STATES).only("config").first()
     total = int((job.config or {}).get("steps") or 0) if job else 0

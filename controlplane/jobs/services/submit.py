@@ -9,7 +9,9 @@ from django.conf import settings
 from django.db import transaction
 from rest_framework.exceptions import ValidationError
 
+from controlplane.common.api import only_team_of
 from controlplane.common.models import JobState
+from controlplane.green.models import GreenSchedule
 from controlplane.jobs.models import (
     DEFAULT_HANG_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
@@ -17,9 +19,11 @@ from controlplane.jobs.models import (
     MAX_RESTARTS_LIMIT,
     TrainingJob,
 )
-from controlplane.jobs.paths import check_job_paths
+from controlplane.jobs.paths import check_job_paths, path_problem
+from controlplane.jobs.selectors import source_plan_of
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.lifecycle import job_launch, scheduled_message
+from controlplane.jobs.services.scheduling import carbon_aware_schedule, check_schedule
 from workers.training.options import api_options
 
 # GPUs / NPUs one node may run a job on: 8 on a DGX H100 or an Atlas 800T A2 node, 16 on the densest
@@ -114,10 +118,7 @@ def job_submit(
     ``max_nodes`` is another name for ``nnodes`` (given both, they must agree); ``min_nodes`` below it makes
     the job elastic (``check_node_range``). ``green_schedule`` (a stored schedule of the team) or
     ``carbon_aware`` (schedule it now, ``scheduling.carbon_aware_schedule``) makes it wait for its window
-    (``controlplane.jobs.scheduling``)."""
-    from controlplane.common.api import only_team_of
-    from controlplane.jobs.selectors import source_plan_of
-
+    (``controlplane.jobs.services.scheduling``)."""
     source_plan = None
     if plan_id is not None:
         source_plan = source_plan_of(user, plan_id)
@@ -164,19 +165,13 @@ def job_submit(
     with transaction.atomic():
         schedule = None
         if carbon_aware is not None:
-            from controlplane.jobs.scheduling import carbon_aware_schedule
-
             validated_config(config)  # a bad job is told so before it is scheduled
             schedule = carbon_aware_schedule(
                 team=team, user=user, name=name, config=config, plan=plan, request=carbon_aware
             )
         elif green_schedule is not None:
-            from controlplane.green.models import GreenSchedule
-
             schedule = GreenSchedule.objects.select_for_update().filter(pk=green_schedule).first()
         if schedule is not None or green_schedule is not None:
-            from controlplane.jobs.scheduling import check_schedule
-
             config = check_schedule(
                 schedule=schedule,
                 team=team,
@@ -201,7 +196,6 @@ def job_submit(
 
 def model_of_checkpoint(hf_model: str, seq_length: int | None = None) -> dict:
     """``model.json`` of a Hugging Face model directory (under the allowed directories), or the 400."""
-    from controlplane.jobs.paths import path_problem
     from workers.planner.specs import SpecError
     from workers.planner.specs.hf import spec_from_hf_config
 
@@ -361,7 +355,7 @@ def job_create(
     green_schedule=None,
 ) -> TrainingJob:
     """Store a job (and queue its first attempt; with a ``green_schedule``, wait for its first slot in
-    ``scheduled``: ``controlplane.jobs.scheduling``). A job that snapshots (``snapshot_every`` > 0) without a
+    ``scheduled``: ``controlplane.jobs.services.scheduling``). A job that snapshots (``snapshot_every`` > 0) without a
     ``snapshot_dir`` gets the control plane's (``snapshot_dir_of``). ``allow_kill_worker``: whether its
     ``inject`` may kill the supervising worker (not through the API: ``check_injectable``). ``min_nodes``
     (default ``nnodes``) below ``nnodes`` makes it elastic: its config gets ``rescale`` (the runtime lays

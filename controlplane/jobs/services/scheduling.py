@@ -22,7 +22,7 @@ waiting for them; the relay passes nothing (the current time).
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -30,36 +30,13 @@ from rest_framework.exceptions import ValidationError
 
 from controlplane.common.api import TooMuchQueuedWork
 from controlplane.common.models import JobState
+from controlplane.green.services import schedule_create
 from controlplane.jobs.models import TrainingJob
 from controlplane.jobs.services.events import job_event
+from controlplane.jobs.services.lifecycle import job_launch
+from controlplane.jobs.slots import due_slot, next_slot, slots_of, utc_text
 
 log = logging.getLogger(__name__)
-
-
-def utc_text(t: datetime) -> str:
-    """A time as the job's messages write it: ``2026-12-04 13:30:00 UTC``."""
-    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def slots_of(schedule) -> list[tuple[datetime, datetime]]:
-    """The schedule's slots as datetimes, ascending."""
-    return [(datetime.fromisoformat(a), datetime.fromisoformat(b)) for a, b in schedule.slots]
-
-
-def due_slot(slots: list[tuple[datetime, datetime]], now: datetime) -> tuple[datetime | None, bool] | None:
-    """Whether a scheduled job is due at ``now``: ``(end of the open slot, False)``, ``(None, True)`` when
-    every slot has ended (it is overdue: it runs to the end), or ``None`` (it waits)."""
-    for start, end in slots:
-        if start <= now < end:
-            return end, False
-    if slots and now >= slots[-1][1]:
-        return None, True
-    return None
-
-
-def next_slot(slots: list[tuple[datetime, datetime]], after: datetime) -> tuple[datetime, datetime] | None:
-    """The first slot that starts at or after ``after``."""
-    return next(((a, b) for a, b in slots if a >= after), None)
 
 
 # --- at creation ---------------------------------------------------------------------------------------
@@ -136,8 +113,6 @@ def carbon_aware_schedule(*, team, user, name: str, config: dict, plan: dict | N
     """Schedule a new job on the least carbon before its deadline (``carbon_aware``: deadline_h,
     interruptible, zone, duration_h, power_kw, site_cap_kw, forecast_csv): a green schedule in the team's
     knowledge base, named after the job. Its duration and power default to the plan's predictions."""
-    from controlplane.green.services import schedule_create
-
     duration_h, power_kw = request.get("duration_h"), request.get("power_kw")
     if duration_h is None or power_kw is None:
         planned_h, planned_kw, why = plan_duration_and_power(plan, int(config.get("steps") or 0))
@@ -172,7 +147,6 @@ def carbon_aware_schedule(*, team, user, name: str, config: dict, plan: dict | N
 
 def launch_due(now: datetime | None = None) -> list[int]:
     """Launch every scheduled job whose slot has opened (or whose window has passed); the ids launched."""
-    from controlplane.jobs.services import job_launch
 
     now = now or timezone.now()
     launched = []
