@@ -5,6 +5,8 @@ with its reason, estimates labelled as estimates; RAPL read from a sysfs-shaped 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -200,12 +202,46 @@ def test_rapl_absence_reasons(tmp_path, powercap):
         RaplEnergy(powercap)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: the permission check cannot be exercised")
+UNPRIVILEGED = 65534  # nobody: root reads any file, so as root the meter is opened by this user instead
+
+
 def test_rapl_counter_readable_by_root_only_is_reported(powercap):
     counter = powercap / "intel-rapl:0" / "energy_uj"
     counter.chmod(0)
-    with pytest.raises(SourceUnavailable, match="root only"):
-        RaplEnergy(powercap)
+    if os.geteuid() != 0:
+        with pytest.raises(SourceUnavailable, match="root only"):
+            RaplEnergy(powercap)
+        return
+    # root reads a mode-000 file all the same (CI runs as root): the meter is opened in a forked child that
+    # drops to an unprivileged user (exec'ing a new interpreter would not do: root's Python lives under
+    # /root, which that user cannot enter), over a copy of the tree it may walk (tmp_path is root's, 0700)
+    shared = Path(tempfile.mkdtemp(prefix="rapl-"))
+    try:
+        shared.chmod(0o755)
+        tree = shutil.copytree(powercap, shared / "powercap")
+        (tree / "intel-rapl:0" / "energy_uj").chmod(0)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: only file reads and a pipe write, then _exit (no pytest teardown)
+            said = "opened"
+            try:
+                os.setgroups([])
+                os.setgid(UNPRIVILEGED)
+                os.setuid(UNPRIVILEGED)
+                RaplEnergy(tree)
+            except SourceUnavailable as exc:
+                said = str(exc)
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails on it
+                said = f"error: {exc!r}"
+            os.write(write_end, said.encode()[:4000])
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            said = pipe.read()
+        os.waitpid(pid, 0)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    assert "root only" in said, said
 
 
 # ----------------------------------------------------------------------------------------- npu-smi
