@@ -180,6 +180,25 @@ def test_a_high_risk_warns_then_asks_the_ranks_for_a_snapshot_and_logs_its_outco
     assert watch.actions[-1]["nodes_left"] == 1 and watch.actions[-1]["drain_node"] == "n1"
 
 
+def test_the_node_drained_is_the_straggling_ranks_even_before_the_detector_flags_it(tmp_path):
+    """Node 0's watch scores a shared directory: a rank of node n1 whose score crosses the line a bucket
+    before its flag drains n1, never the watch's own node (CI, 2026-12-06: node 0 drained itself, refused,
+    and the straggler trained on); the failure model's risk, when it is the higher, drains this node."""
+    import json
+
+    for rank, node in [(0, "n0"), (1, "n0"), (2, "n1"), (3, "n1")]:
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "node": node, "step": 40}))
+    watch = watch_for(tmp_path, [], node="n0", node_rank=0)
+    ranks = [{"rank": r, "score": 0.1, "flagged": False} for r in (0, 1, 2)] + [
+        {"rank": 3, "score": 0.97, "flagged": False}
+    ]
+    assert watch.nodes_to_drain(ranks, {"absent": "no model"}, 0.97) == ["n1"]
+    ranks[1]["flagged"] = True  # a flag names its rank's node, whatever the scores
+    assert watch.nodes_to_drain(ranks, {"absent": "no model"}, 0.97) == ["n0"]
+    assert watch.nodes_to_drain(ranks, {"risk": 0.99}, 0.99) == ["n0"]  # the failure model: this node
+    assert watch.nodes_to_drain([], {"absent": "no model"}, 0.9) == ["n0"]
+
+
 def test_a_drain_that_cannot_be_done_is_refused_with_the_reason(tmp_path):
     from workers.training.supervision.snapshot_now import SnapshotRequests
 

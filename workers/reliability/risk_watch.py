@@ -31,8 +31,8 @@ event with an ``action`` (``{"action", "status", "reason", "risk", "at_unix", ..
   (not taken) under the ``observe`` policy, ``unanswered`` when the ranks did not take it within
   ``answer_timeout_s``.
 
-- ``drain`` once that snapshot is taken: the node of each flagged rank (or this node, when the failure
-  model's risk is the higher) is taken out of an elastic job through the ``drain`` callback (the control
+- ``drain`` once that snapshot is taken: the node of each flagged rank (before any flag, of the rank whose
+  score is the risk; this node when the failure model's risk is the higher) is taken out of an elastic job through the ``drain`` callback (the control
   plane's ``node_drain``), and the job goes on on the nodes left from that snapshot; ``refused`` with the
   callback's reason where it cannot be (a job that is not elastic, node 0, too few nodes left),
   ``observed`` under ``observe``.
@@ -406,7 +406,7 @@ class NodeRiskWatch:
         if p.mode == "observe":
             self._acted = True
             self._action("snapshot-now", "observed", risk, why, note="the job's risk policy is observe only")
-            for node in self._risky_nodes(ranks, failure, risk):
+            for node in self.nodes_to_drain(ranks, failure, risk):
                 self._action(
                     "drain",
                     "observed",
@@ -437,17 +437,24 @@ class NodeRiskWatch:
                 why,
                 request=rid,
                 at_step=self.last_step,
-                nodes=self._risky_nodes(ranks, failure, risk),
+                nodes=self.nodes_to_drain(ranks, failure, risk),
             )
 
-    def _risky_nodes(self, ranks: list[dict], failure: dict, risk: float) -> list[str]:
-        """The nodes to drain: those of the flagged ranks (as their progress files name them), or this node
-        when its failure risk is what crossed the line."""
-        flagged = [r["rank"] for r in ranks if r.get("flagged")]
-        if not flagged or ("risk" in failure and failure["risk"] >= risk):
+    def nodes_to_drain(self, ranks: list[dict], failure: dict, risk: float) -> list[str]:
+        """The nodes to drain: this node when its failure risk is what crossed the line; else those of the
+        flagged ranks, or, while the detector has flagged none yet, of the ranks whose straggler score is the
+        risk (a rank's score can cross ``act_at`` a bucket before its flag: draining this node then took
+        the wrong one out, or had the drain refused on node 0, CI 2026-12-06), as their progress files name
+        them."""
+        if "risk" in failure and failure["risk"] >= risk:
+            return [self.node]
+        culprits = [r["rank"] for r in ranks if r.get("flagged")] or [
+            r["rank"] for r in ranks if r.get("score") is not None and r["score"] >= risk
+        ]
+        if not culprits:
             return [self.node]
         progress = read_progress(self.dir)
-        return sorted({str(progress.get(r, {}).get("node") or self.node) for r in flagged})
+        return sorted({str(progress.get(r, {}).get("node") or self.node) for r in culprits})
 
     def _drain_node(self, node: str, req: dict) -> None:
         """Once the snapshot is taken: the node goes, and the job goes on from that snapshot elsewhere."""
