@@ -17,8 +17,8 @@ class TeamOwned(models.Model):
 
 
 class JobState(models.TextChoices):
-    # a training job waiting for its carbon-aware window (``controlplane.jobs.services.scheduling``): it holds no
-    # worker slot; the relay launches it when a slot of its green schedule opens, and an interruptible job
+    # a training job waiting for its carbon-aware window (``controlplane.jobs.services.scheduling``): it holds
+    # no worker slot; the relay launches it when a slot of its green schedule opens, and an interruptible job
     # comes back here between slots (paused, continuing from its newest snapshot at the next one)
     SCHEDULED = "scheduled"
     QUEUED = "queued"

@@ -32,10 +32,10 @@ event with an ``action`` (``{"action", "status", "reason", "risk", "at_unix", ..
   ``answer_timeout_s``.
 
 - ``drain`` once that snapshot is taken: the node of each flagged rank (before any flag, of the rank whose
-  score is the risk; this node when the failure model's risk is the higher) is taken out of an elastic job through the ``drain`` callback (the control
-  plane's ``node_drain``), and the job goes on on the nodes left from that snapshot; ``refused`` with the
-  callback's reason where it cannot be (a job that is not elastic, node 0, too few nodes left),
-  ``observed`` under ``observe``.
+  score is the risk; this node when the failure model's risk is the higher) is taken out of an elastic job
+  through the ``drain`` callback (the control plane's ``node_drain``), and the job goes on on the nodes left
+  from that snapshot; ``refused`` with the callback's reason where it cannot be (a job that is not elastic,
+  node 0, too few nodes left), ``observed`` under ``observe``.
 
 Rebalancing a straggler (shifting micro-batches) is not built yet.
 

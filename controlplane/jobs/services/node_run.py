@@ -69,9 +69,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
     summary_path = workdir / f"summary-node{node_rank}.json"
     # the recovery engine: watches the ranks (progress, hangs), fires injected faults, reports faults,
-    # recoveries and snapshots (recorded as they come) and the goodput at the end (recovery.py imports
-    # these services: imported here, when a node runs, not when they load)
-
+    # recoveries and snapshots (recorded as they come) and the goodput at the end (services.watches)
     try:
         watch = elastic_watch_for(job, attempt, node_rank, workdir)
     except ValueError as exc:  # a fault plan that does not fit the job (checked at submit; kept safe)

@@ -26,13 +26,12 @@ def reap_orphans(
     reason, and those jobs are failed, not resumed); ``stale_after`` defaults to ``HEARTBEAT_TIMEOUT``.
     Returns the ids it settled. First, without ``node_name``: the elastic jobs that lost one node while
     others go on (``reap_lost_nodes``: not settled, they go on)."""
-
     now = now or timezone.now()
     if node_name is None:
         reap_lost_nodes(now=now, stale_after=stale_after)
     stale = TrainingJob.objects.filter(
         state__in=TrainingJob.ACTIVE_STATES,
-        # a job Slurm / Kubernetes runs lives as long as the scheduler says (controlplane.jobs.services.launchers, .follow)
+        # a job Slurm / Kubernetes runs lives as long as the scheduler says (services.launchers, .follow)
         launcher="local",
         heartbeat_at__lt=now - (stale_after or HEARTBEAT_TIMEOUT),
         # only jobs a supervisor picked up: one whose nodes wait in the queue for a worker slot is queued

@@ -147,7 +147,6 @@ def carbon_aware_schedule(*, team, user, name: str, config: dict, plan: dict | N
 
 def launch_due(now: datetime | None = None) -> list[int]:
     """Launch every scheduled job whose slot has opened (or whose window has passed); the ids launched."""
-
     now = now or timezone.now()
     launched = []
     for job in TrainingJob.objects.filter(
