@@ -148,6 +148,18 @@ DATA_ROOTS = [
     for p in os.environ.get("CANN_TRAIN_DATA_ROOTS", str(VAR_DIR / "data")).split(os.pathsep)
     if p
 ]
+# A job that runs a user's own code (an ``entrypoint``): its script and working directory must lie under
+# these directories (CANN_TRAIN_CODE_ROOTS, ":"-separated; default var/code); "..", symlinks out of them and
+# anything else are a 400. Training processes get a scrubbed environment (workers.training.launch.rank_env).
+CODE_ROOTS = [
+    Path(p).expanduser()
+    for p in os.environ.get("CANN_TRAIN_CODE_ROOTS", str(VAR_DIR / "code")).split(os.pathsep)
+    if p.strip()
+]
+
+# A cancelled (or paused) job that runs a user's code is first asked to stop (the SDK's should_stop: it
+# snapshots and exits); after this many seconds its ranks are stopped as any job's are
+STOP_GRACE_S = float(os.environ.get("CANN_TRAIN_STOP_GRACE_S", "30"))
 
 # CPU ranks one machine may run per node (torchrun --nproc-per-node): the job API's limit, and the knowledge
 # base's for "runs here"; GPUs/NPUs are bounded by the device count

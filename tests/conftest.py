@@ -127,6 +127,7 @@ def start_stack(
         "CANN_TRAIN_VAR_DIR": str(run_dir),
         # the directories a job's own files may be under: the test session's (not the stack's var/data)
         "CANN_TRAIN_DATA_ROOTS": os.pathsep.join(str(r) for r in _session_data_roots()),
+        "CANN_TRAIN_CODE_ROOTS": os.pathsep.join(str(r) for r in _session_code_roots()),
         **(extra_env or {}),
     }
     env.pop("CANN_TRAIN_TEST_SQLITE", None)
@@ -162,6 +163,12 @@ def _session_data_roots() -> list:
     from django.conf import settings
 
     return list(settings.DATA_ROOTS)
+
+
+def _session_code_roots() -> list:
+    from django.conf import settings
+
+    return list(settings.CODE_ROOTS)
 
 
 RUNNING_STACKS: list[Stack] = []

@@ -15,6 +15,9 @@ _ROOT = Path(__file__).resolve().parent.parent
 _RUN_DIR = _ROOT / "var" / "test" / str(os.getpid())
 _RUN_DIR.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("CANN_TRAIN_VAR_DIR", str(_ROOT / "var" / "test"))
+# the control plane's secret in the environment, as in production: the stacks' workers inherit it, and a test
+# checks that no training process does (tests/integration/test_user_code_jobs.py)
+os.environ.setdefault("SECRET_KEY", "test-" + os.urandom(24).hex())
 
 # each pytest-xdist worker gets a Redis of its own, as it gets a database of its own: the one this file
 # started in the controller, whose environment the workers inherit, is not theirs (a worker's own

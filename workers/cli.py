@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "workers.training.hf.cli",
     "comm-opt": "workers.training.comm.cli",
     "elastic": "workers.reliability.cli",
+    "launch": "workers.reliability.launch_cli",
     "green": "workers.green.cli",
     "faults": "workers.reliability.faults_cli",
     "render": "workers.deploy.cli",

@@ -340,6 +340,29 @@ class CarbonAwareSerializer(StrictFieldsMixin, serializers.Serializer):
         return attrs
 
 
+class EntrypointSerializer(StrictFieldsMixin, serializers.Serializer):
+    """Your own training code instead of cann-train's runtime (it imports the SDK, ``cann_train``)."""
+
+    script = serializers.CharField(
+        required=False, max_length=4096, help_text="absolute path of a .py file under CANN_TRAIN_CODE_ROOTS"
+    )
+    module = serializers.CharField(
+        required=False, max_length=400, help_text="or a module: python -m <module>"
+    )
+    args = serializers.ListField(
+        child=serializers.CharField(max_length=4096, allow_blank=True), required=False, max_length=200
+    )
+    workdir = serializers.CharField(
+        required=False, max_length=4096, help_text="where the ranks run (default: the script's directory)"
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(max_length=4096, allow_blank=True),
+        required=False,
+        help_text="variables added to the ranks' scrubbed environment",
+    )
+    nproc_per_node = serializers.IntegerField(min_value=1, max_value=16, default=1)
+
+
 class JobCreateSerializer(RunOptionsMixin, StrictFieldsMixin, serializers.Serializer):
     """A job from a plan (its strategy) or a strategy, plus the model and the training config, and its run
     options (``steps``, ``snapshot_every``, ...: one field each, made from the runtime's options table)."""
@@ -395,11 +418,24 @@ class JobCreateSerializer(RunOptionsMixin, StrictFieldsMixin, serializers.Serial
         required=False,
         help_text="schedule the job now on the least carbon before its deadline, then wait for that window",
     )
+    entrypoint = EntrypointSerializer(
+        required=False,
+        help_text="run your own training script under the SDK instead of cann-train's runtime (model optional)",
+    )
+    hyperparameters = serializers.JSONField(
+        required=False, help_text="with an entrypoint: any JSON object, run.hyperparameters in the script"
+    )
 
     def validate(self, attrs):
         for key in ("model", "plan", "strategy", "training"):
             if key in attrs and not isinstance(attrs[key], dict):
                 raise serializers.ValidationError({key: ["must be a JSON object"]})
+        if isinstance(self.initial_data, dict) and (
+            "entrypoint" in self.initial_data or "hyperparameters" in self.initial_data
+        ):
+            services.check_user_run_request(
+                {k: v for k, v in self.initial_data.items() if k != "entrypoint" or attrs.get("entrypoint")}
+            )
         return attrs
 
 

@@ -10,19 +10,28 @@ class JobsConfig(AppConfig):
 
         from controlplane.jobs.comparisons import reap_stalled_comparisons
         from controlplane.jobs.selectors import plan_measured_expert_load, plan_measured_runs
-        from controlplane.jobs.services import job_progress_from_events, job_submit, reap_orphans, scheduling
+        from controlplane.jobs.services import (
+            job_progress_from_events,
+            job_submit,
+            reap_orphans,
+            revoke_ended_credentials,
+            scheduling,
+        )
         from controlplane.jobs.services.follow import follow_external_jobs
         from controlplane.live import housekeeping
         from controlplane.planning import ports
 
         # run by the relay (controlplane/live/housekeeping.py): jobs whose supervising worker died fail,
         # jobs Slurm / Kubernetes runs follow their scheduler's state, stalled comparisons end, the jobs of
-        # a carbon-aware schedule launch (and pause) when their slots open (and end); a running job's
+        # a carbon-aware schedule launch (and pause) when their slots open (and end), ended jobs' Redis
+        # credentials go; a running job's
         # progress is kept from its train events as they are stored
         housekeeping.every(5.0, reap_orphans)
         housekeeping.every(settings.EXTERNAL_FOLLOW_EVERY_S, follow_external_jobs)
         housekeeping.every(5.0, reap_stalled_comparisons)
         housekeeping.every(5.0, scheduling.tick)
+        # the Redis credentials of ended jobs (a job's ranks publish with one of their own) are removed
+        housekeeping.every(30.0, revoke_ended_credentials)
         housekeeping.on_stored(job_progress_from_events)
 
         def launch(*, plan, user, steps: int, name: str):

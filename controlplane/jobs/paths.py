@@ -1,6 +1,7 @@
 """The paths a job request names (its Hugging Face model, tokenizer and corpus) must lie under a directory the
 operator allows (``settings.DATA_ROOTS``, ``CANN_TRAIN_DATA_ROOTS``): a user's job reads what their team put
-there, never the control plane's files. A path is resolved as the nodes would open it (symlinks followed,
+there, never the control plane's files; a job's own code (its entrypoint and working directory) under the
+code directories (``settings.CODE_ROOTS``, ``CANN_TRAIN_CODE_ROOTS``). A path is resolved as the nodes would open it (symlinks followed,
 ``..`` refused outright) before it is compared; each problem is the field's 400. And the control plane's own
 directory of a job's attempt (``job_dir``)."""
 
@@ -17,12 +18,15 @@ from controlplane.jobs.models import TrainingJob
 PATH_OPTIONS = ("hf_model", "tokenizer", "data")
 
 
-def path_problem(value: str) -> str | None:
-    """Why ``value`` may not be read by a job (None: it may)."""
-    roots = [Path(os.path.realpath(r)) for r in settings.DATA_ROOTS]
-    allowed = ", ".join(str(r) for r in settings.DATA_ROOTS) or "none"
+def path_problem(value: str, *, code: bool = False) -> str | None:
+    """Why ``value`` may not be read by a job (None: it may). ``code``: a user's entrypoint or working
+    directory, under the code directories (``settings.CODE_ROOTS``) instead of the data ones."""
+    configured = settings.CODE_ROOTS if code else settings.DATA_ROOTS
+    roots = [Path(os.path.realpath(r)) for r in configured]
+    allowed = ", ".join(str(r) for r in configured) or "none"
     if not roots:
-        return "this deployment allows no data directories (set CANN_TRAIN_DATA_ROOTS)"
+        setting = "CANN_TRAIN_CODE_ROOTS" if code else "CANN_TRAIN_DATA_ROOTS"
+        return f"this deployment allows no {'code' if code else 'data'} directories (set {setting})"
     path = Path(value)
     if not path.is_absolute():
         return f"must be an absolute path on the nodes, under one of the allowed directories ({allowed})"

@@ -37,6 +37,16 @@ def job_of(user, pk: int) -> TrainingJob | None:
     return jobs_of(user).filter(pk=pk).first()
 
 
+def model_label(config: dict) -> str:
+    """What a job trains, in a word: its model's name, or the script (module) of a job that runs a user's code."""
+    if name := (config.get("model") or {}).get("name"):
+        return name
+    entry = config.get("entrypoint") or {}
+    if entry.get("script"):
+        return Path(entry["script"]).name
+    return entry.get("module") or "—"
+
+
 def strategy_short(strategy: dict | None) -> str:
     """``tp1-pp1-dp2-ep1`` (the planner's one short name, ``strategy_short_name``), or ``—`` for a config
     without a (valid) strategy."""
@@ -185,7 +195,7 @@ def job_rows(user, limit: int = LIST_LIMIT, ids: list[int] | None = None) -> lis
             JobRow(
                 job=job,
                 strategy=strategy_short(config.get("strategy")),
-                model=(config.get("model") or {}).get("name") or "—",
+                model=model_label(config),
                 tokens_per_s=job.measured.get("tokens_per_s") if final else steady.mean(1),
                 predicted_step_time_s=job.predicted_step_time_s,
                 measured_step_time_s=job.measured.get("step_time_s") if final else steady.mean(0),

@@ -33,7 +33,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from controlplane.live.selectors import clashing_events, highest_stored_seq
 from controlplane.live.services import persist_events
 from controlplane.live.streams import events_message, group_name
-from workers.events import STREAMS_SET, EventWriter, renumber_floor, seq_key, stream_of_key
+from workers.events import KINDS, STREAMS_SET, EventWriter, parse_time, renumber_floor, seq_key, stream_of_key
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,17 @@ CLAIM_IDLE_MS = 30_000
 # HWM_EVERY_S: a subscriber whose tail was dropped by the channel layer (over capacity) backfills from it
 HWM_EVERY_S = 1.0
 HWM_ACTIVE_S = 15.0
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON an event may hold")
+
+
+def _is_time(text) -> bool:
+    try:
+        return isinstance(text, str) and parse_time(text).tzinfo is not None
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -133,9 +144,11 @@ class Relay:
             stream = stream_of_key(key)
             # each entry is one event's JSON (``workers.events``): the batch is parsed in one call, and
             # forwarded as the entries' own text joined, not encoded again
-            raws = [fields[b"event"] for _, fields in entries]
+            raws, pairs = self.parsed(key, stream, entries)
+            if not pairs:
+                handled += len(entries)
+                continue
             joined = b"[" + b",".join(raws) + b"]"
-            pairs = list(zip((entry_id for entry_id, _ in entries), json.loads(joined), strict=True))
             if pairs[0][1]["seq"] <= self.queued_upto.get(stream, 0):
                 # not after what the store thread holds (read again, or a restarted counter): checking
                 # clashes against the database needs those stored first
@@ -173,6 +186,53 @@ class Relay:
                 )
             handled += len(entries)
         return handled
+
+    def parsed(self, key, stream: str, entries) -> tuple[list[bytes], list[tuple]]:
+        """The entries' raw JSON and ``(entry id, event)`` pairs, in order. A job's ranks publish with a
+        credential that can append to their own stream only (``controlplane.live.credentials``), but what
+        they append is theirs to write: an entry that is not an event of this very stream (no ``event``
+        field, not JSON, another stream's name, no ``seq``) is dropped and acknowledged, with a warning,
+        instead of stopping the relay or landing in another job's history."""
+        raws = [fields.get(b"event") for _, fields in entries]
+        try:
+            events = (
+                json.loads(b"[" + b",".join(raws) + b"]", parse_constant=_no_constant)
+                if all(isinstance(r, bytes) for r in raws)
+                else None
+            )
+        except ValueError:
+            events = None
+        if events is None or len(events) != len(raws):  # the slow path: one entry at a time
+            events = []
+            for raw in raws:
+                try:
+                    events.append(
+                        json.loads(raw, parse_constant=_no_constant) if isinstance(raw, bytes) else None
+                    )
+                except ValueError:
+                    events.append(None)
+        good_raws, pairs, bad = [], [], []
+        for (entry_id, _), raw, event in zip(entries, raws, events, strict=True):
+            if (
+                isinstance(event, dict)
+                and event.get("stream") == stream
+                and type(event.get("seq")) is int
+                and event.get("kind") in KINDS
+                and (event.get("step") is None or type(event.get("step")) is int)
+                and isinstance(event.get("values", {}), dict)
+                and _is_time(event.get("time"))
+            ):
+                good_raws.append(raw)
+                pairs.append((entry_id, event))
+            else:
+                bad.append(entry_id)
+        if bad:
+            log.warning(
+                "relay: %s: %d entr(ies) that are not events of this stream dropped", stream, len(bad)
+            )
+            self.redis.xack(key, GROUP, *bad)
+            self.redis.xdel(key, *bad)
+        return good_raws, pairs
 
     def store(self, batches: list[StoreBatch]) -> None:
         """Persist batches (one transaction), tell the listeners (once per stream), then acknowledge them:

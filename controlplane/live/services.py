@@ -40,6 +40,11 @@ def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: i
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             PendingEvent.objects.create(stream=stream, kind=kind, step=step, values=values)
             log.warning("Redis unavailable (%s): %s event on %s kept for the relay", exc, kind, stream)
+        except redis.ResponseError as exc:
+            # the stream refuses the append: a job's own code, which may write to its stream, broke its
+            # numbering (a raw XADD above it). The state change is stored; only this stream's live view
+            # misses it, and the request or task that made it must not fail for that
+            log.warning("%s event on %s not published: %s", kind, stream, exc)
 
     transaction.on_commit(send)
 

@@ -50,11 +50,14 @@ def test_a_hung_teardown_is_abandoned_with_the_tracebacks_and_exit_0():
     code = (
         "import threading, time\n"
         "from workers.training import trainer\n"
+        "print(time.time(), flush=True)  # imported: the clock starts here, not at the interpreter's start\n"
         "threading.Timer(0.3, trainer.abandon_teardown, args=(3,)).start()\n"
         "time.sleep(60)  # stands for a destroy_process_group that never returns\n"
     )
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and time.monotonic() - t0 < 30
+    # the import of torch and the runtime took 40 s once on a loaded 2-core machine (2026-12-06): the bound is
+    # on the abandon, 0.3 s after the import, with 20 s of slack for the loaded machine's scheduling
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    imported = float(r.stdout.split()[0])
+    assert r.returncode == 0 and time.time() - imported < 20
     assert "rank 3: process-group teardown did not finish" in r.stderr
     assert "time.sleep(60)" in r.stderr or "<string>" in r.stderr  # where the main thread hung

@@ -9,8 +9,10 @@ environment (``--standalone`` restarts failed to re-form the group); :data:`TORC
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
+from collections.abc import Mapping
 
 LAST_CALL_TIMEOUT_S = 5
 """With ``--nnodes MIN:MAX``: once MIN nodes have joined a rendezvous, how long it waits for more (torch's
@@ -32,8 +34,11 @@ def render_torchrun_command(
     hosts_store: bool | None = None,
     summary_path: str | None = None,
     python: str | None = None,
+    program: list[str] | None = None,
 ) -> list[str]:
-    """argv for one node. Run it with ``env={**os.environ, **TORCHRUN_ENV}``. ``hosts_store``: whether this
+    """argv for one node. Run it with ``env=torchrun_env()``. ``program``: what every rank runs, as torchrun
+    takes it (``["train.py", "--lr", "3e-4"]`` or ``["-m", "pkg.train"]``: a user's entrypoint, ``config_path``
+    and ``summary_path`` unused); default the runtime on ``config_path``. ``hosts_store``: whether this
     node's agent hosts the rendezvous store (c10d's ``is_host``); None: c10d decides, and on one machine the
     first agent to bind the port does. False lets a node start at once and connect when the host is up.
     ``node_rank`` None: no ``--node-rank`` (c10d assigns the ranks; every node runs the same command, as a
@@ -65,18 +70,62 @@ def render_torchrun_command(
         f"--rdzv-id={run_id}",
         f"--max-restarts={max_restarts}",
         *([f"--rdzv-conf={','.join(rdzv_conf)}"] if rdzv_conf else []),
-        "-m",
-        "workers.training.run",
-        "--config",
-        str(config_path),
     ]
+    if program is not None:
+        return cmd + list(program)
+    cmd += ["-m", "workers.training.run", "--config", str(config_path)]
     if summary_path:
         cmd += ["--summary", str(summary_path)]
     return cmd
 
 
-def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+RANK_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TMP", "TEMP",
+        "HOSTNAME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+        "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
+    }
+)  # fmt: skip
+RANK_ENV_PREFIXES = (
+    "LC_", "PYTHON", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS",
+    "CUDNN_", "HCCL_", "ASCEND_", "TORCH", "PYTORCH_", "GLOO_", "TP_SOCKET", "MASTER_", "HF_", "TRANSFORMERS_",
+    "TOKENIZERS_", "TRITON_", "CANN_TRAIN_",
+)  # fmt: skip
+"""What a training process inherits from the worker that launches it: the system's basics and the variables
+of the libraries a rank runs (threads, CUDA/NCCL, Ascend/HCCL, torch, Hugging Face) and cann-train's own
+non-secret settings. Nothing else: a rank runs a user's code (an entrypoint, a Hugging Face model's
+files), and the worker's environment holds the control plane's secrets (``SECRET_KEY``, ``DATABASE_URL``,
+``REDIS_URL``, ``METRICS_TOKEN``, the carbon providers' and schedulers' tokens). An allow-list, not a
+deny-list: a secret the operator adds under a name we never heard of stays out too."""
+SECRET_NAME = re.compile(
+    r"SECRET|PASSW|TOKEN|CREDENTIAL|PRIVATE|(^|_)KEY$|_DSN$|DATABASE_URL|REDIS_URL|BROKER"
+)
+"""Left out even under an allowed prefix (``HF_TOKEN``, ``CANN_TRAIN_TOKEN``, ``CANN_TRAIN_K8S_TOKEN``)."""
+RANK_ENV_PASS = "CANN_TRAIN_RANK_ENV"
+"""The operator's additions: comma-separated names (``WANDB_MODE``) or prefixes ending in ``*``
+(``WANDB_*``) that ranks also inherit, secret-looking names included (the operator chose them)."""
+
+
+def rank_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default ``os.environ``) scrubbed for training processes (:data:`RANK_ENV_NAMES`,
+    :data:`RANK_ENV_PREFIXES`, :data:`SECRET_NAME`, :data:`RANK_ENV_PASS`)."""
+    base = os.environ if base is None else base
+    passed = [p.strip() for p in base.get(RANK_ENV_PASS, "").split(",") if p.strip()]
+
+    def chosen(name: str) -> bool:
+        return any(name == p or (p.endswith("*") and name.startswith(p[:-1])) for p in passed)
+
+    def allowed(name: str) -> bool:
+        default = name in RANK_ENV_NAMES or name.startswith(RANK_ENV_PREFIXES)
+        return default and not SECRET_NAME.search(name)
+
+    return {k: v for k, v in base.items() if chosen(k) or allowed(k)}
+
+
+def torchrun_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a node's torchrun (and so every rank) runs with: :func:`rank_env` plus
+    :data:`TORCHRUN_ENV`."""
+    env = rank_env(base)
     env.update(TORCHRUN_ENV)
     return env
 

@@ -10,7 +10,7 @@ jobs contract):
 - ``recovery`` (a lost worker resumed, an elastic job's node range, a restore), ``follow`` (the jobs a
   scheduler runs);
 - ``watches`` (a node's recovery and risk watches), ``orphans`` (jobs whose worker died), ``submit``
-  (check, store, launch or schedule), ``annotations`` (tags, notes), ``export``;
+  (check, store, launch or schedule; ``user_code``: a job of a user's own code), ``annotations`` (tags, notes), ``export``;
 - ``node_run`` (one node of one attempt: the Celery task's body).
 
 The process supervision itself is the engine's (``workers.training.supervision.supervisor``); these modules
@@ -51,7 +51,7 @@ from controlplane.jobs.services.nodes import (
     record_measurement,
     settle_attempt,
 )
-from controlplane.jobs.services.orphans import reap_orphans, running_on_node
+from controlplane.jobs.services.orphans import reap_orphans, revoke_ended_credentials, running_on_node
 from controlplane.jobs.services.outcomes import cancelled_message, job_fail
 from controlplane.jobs.services.submit import (
     MAX_CPU_STEPS,
@@ -69,8 +69,12 @@ from controlplane.jobs.services.submit import (
     snapshot_dir_of,
     validated_config,
 )
+from controlplane.jobs.services.user_code import check_user_run_request, is_user_run
 
 __all__ = [
+    "revoke_ended_credentials",
+    "check_user_run_request",
+    "is_user_run",
     "job_event",
     "DATABASE_RETRY_S",
     "until_the_database_answers",

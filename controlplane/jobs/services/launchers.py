@@ -31,6 +31,7 @@ from controlplane.jobs.paths import job_dir
 from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.outcomes import job_fail
+from controlplane.jobs.services.user_code import is_user_run
 from workers.deploy.launchers import ExternalState, SchedulerError
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,11 @@ def slurm_workdir(job: TrainingJob, attempt: int) -> Path:
 def unsupported(job: TrainingJob, launcher: str) -> str:
     """Why ``launcher`` cannot run this job ("" when it can), in words a person can act on."""
     how = f"CANN_TRAIN_LAUNCHER={launcher}"
+    if is_user_run(job.config):
+        return (
+            f"A job that runs your own code (entrypoint) runs under the control plane's node workers for now: "
+            f"the {launcher} job cannot render it yet. Run it where CANN_TRAIN_LAUNCHER=local."
+        )
     if job.elastic:
         return (
             f"An elastic node range ({job.min_nodes}-{job.nnodes} nodes) needs the local launcher: its nodes "

@@ -3,12 +3,15 @@ engine's supervisor (``workers.training.supervision.supervisor``), its watches, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import time
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
+from redis.exceptions import ResponseError
 
 from controlplane.common import logs
 from controlplane.common.models import JobState
@@ -19,7 +22,9 @@ from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import until_the_database_answers
 from controlplane.jobs.services.nodes import heartbeat, node_finished, node_started
 from controlplane.jobs.services.outcomes import job_fail
+from controlplane.jobs.services.user_code import is_user_run
 from controlplane.jobs.services.watches import elastic_watch_for, risk_watch_for
+from controlplane.live import credentials
 from controlplane.live.services import publish
 from workers.training.supervision import supervisor
 
@@ -61,13 +66,20 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         job_fail(job_id=job.pk, human=f"Job {job.pk}: {exc}")
         return "failed"
     config_path = workdir / f"config-node{node_rank}.json"
-    # ``attempt`` labels every event the run publishes (the job page draws each attempt as its own trace)
-    config_path.write_text(
-        json.dumps({**job.config, "job_id": str(job.pk), "redis_url": settings.REDIS_URL, "attempt": attempt})
-    )
     # torchrun's c10d rendezvous hands out global ranks in joining order and ignores --node-rank, so global
     # rank 0 (the one that writes the summary) may run under any node's agent: every node asks for one.
     summary_path = workdir / f"summary-node{node_rank}.json"
+    # the ranks publish onto the job's stream with a credential for that stream alone (a user's code runs
+    # there; ours too), or, where this Redis cannot make one, the deployment's URL, said in the log
+    events_url, why_not = credentials.publisher_url(job.stream)
+    if why_not:
+        log.warning("job %s: %s", job.pk, why_not)
+    # ``attempt`` labels every event the run publishes (the job page draws each attempt as its own trace)
+    run_config = {**job.config, "job_id": str(job.pk), "redis_url": events_url, "attempt": attempt}
+    if is_user_run(job.config):  # the SDK writes rank 0's summary where the runtime's --summary would
+        run_config["summary_path"] = str(summary_path)
+    config_path.write_text(json.dumps(run_config))
+    config_path.chmod(0o600)
     # the recovery engine: watches the ranks (progress, hangs), fires injected faults, reports faults,
     # recoveries and snapshots (recorded as they come) and the goodput at the end (services.watches)
     try:
@@ -109,6 +121,8 @@ def node_refusal(job: TrainingJob) -> str:
     requested = job.config.get("device", "auto")
     if problem := devices_missing(requested, job.nproc_per_node):
         return problem
+    if is_user_run(job.config):  # a user's code: its memory is its own to know
+        return ""
     kind = select_device(requested).kind
     return memory_problem(
         job.config, job.nproc_per_node, device_kind=kind, device_memory_GiB=device_memory_GiB(kind)
@@ -145,13 +159,33 @@ def torchrun_command(job, attempt: int, node_rank: int, endpoint: str, config_pa
         # node 0 hosts the rendezvous store, never another node (c10d lets the first agent to bind the port
         # host it): the group must not lose its store with a node it can lose (reap_lost_nodes)
         hosts_store=False if job.elastic and node_rank != 0 else None,
+        # a user's entrypoint (torchrun starts it as it would by hand: the agent forks only our runtime)
+        program=user_entrypoint(job).program() if is_user_run(job.config) else None,
     )
+
+
+def publish_log(job: TrainingJob, node_rank: int, attempt: int, lines: list[str]) -> None:
+    """New lines of the node's log as an event on the job's stream; a stream that refuses it (a job's code
+    broke its numbering) costs its live log, not the supervision."""
+    try:
+        publish(job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt})
+    except ResponseError as exc:
+        log.warning("job %s node %s: log lines not published: %s", job.pk, node_rank, exc)
+
+
+def user_entrypoint(job: TrainingJob):
+    from workers.training.entrypoint import Entrypoint
+
+    return Entrypoint.from_dict(job.config["entrypoint"])
 
 
 def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
     """Run ``cmd`` under the engine's supervisor with this node's watches (the elastic watch, the fault-risk
     loop), its heartbeats (answering a cancel) and its live log; the outcome."""
     from workers.training.launch import torchrun_env
+
+    user_run = is_user_run(job.config)
+    stop_asked: list[float] = []  # when the ranks of a user's code were asked to stop cleanly
 
     def beat() -> bool:
         close_old_connections()
@@ -160,6 +194,16 @@ def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
         except DatabaseError:  # a database blip must not stop the training: the next beat retries
             log.warning("job %s node %s: heartbeat not recorded", job.pk, node_rank, exc_info=True)
             return False
+        if wants_cancel and user_run and watch is not None:
+            # a user's code stops itself (the SDK's should_stop: it snapshots and exits 0) within the grace
+            # period; after it, the process group is stopped as any other
+            if not stop_asked:
+                from workers.training.supervision.stop_now import request_stop
+
+                request_stop(watch.dir, reason="the job was cancelled or paused")
+                stop_asked.append(time.monotonic())
+                log.info("job %s node %s: cancel requested, the script asked to stop", job.pk, node_rank)
+            return time.monotonic() - stop_asked[0] > settings.STOP_GRACE_S
         if wants_cancel:
             log.info("job %s node %s: cancel requested, stopping the process group", job.pk, node_rank)
         return wants_cancel
@@ -173,15 +217,27 @@ def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
         finally:  # each watch goes on when the other fails
             risk.poll()
 
+    cwd, own_env = settings.BASE_DIR, {}
+    if is_user_run(job.config):  # a user's code: in its working directory, with its variables and the SDK's
+        from workers.training.entrypoint import RUN_CONFIG_ENV
+
+        entry = user_entrypoint(job)
+        cwd, own_env = entry.cwd, {**entry.env, RUN_CONFIG_ENV: str(workdir / f"config-node{node_rank}.json")}
     if risk is not None:
         risk.start()
     try:
-        return supervisor.supervise(
+        outcome = supervisor.supervise(
             cmd,
             log_path=workdir / f"node{node_rank}.log",
-            cwd=settings.BASE_DIR,
-            # CANN_TRAIN_REQUEST_ID: the request that launched it, on the runtime's lifecycle events
-            env={**torchrun_env(), **(watch.env if watch is not None else {}), **logs.runtime_env()},
+            cwd=cwd,
+            # the worker's environment scrubbed of the control plane's secrets (rank_env); CANN_TRAIN_REQUEST_ID:
+            # the request that launched it, on the runtime's lifecycle events
+            env={
+                **torchrun_env(),
+                **own_env,
+                **(watch.env if watch is not None else {}),
+                **logs.runtime_env(),
+            },
             on_poll=poll if watch is not None else None,
             on_start=lambda pid: until_the_database_answers(
                 lambda: node_started(node=node, pid=pid),
@@ -191,10 +247,11 @@ def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
             # the heartbeat thread closes its own connection (resolved there: `connection` is per thread)
             after_heartbeats=lambda: connection.close(),
             # the live log: new lines (noise filtered, batched by the supervisor) as events on the job's stream
-            on_output=lambda lines: publish(
-                job.stream, "event", {"log": lines, "node": node_rank, "attempt": attempt}
-            ),
+            on_output=lambda lines: publish_log(job, node_rank, attempt, lines),
         )
+        if stop_asked and not outcome.cancelled:  # it stopped itself when asked: a cancel all the same
+            outcome = dataclasses.replace(outcome, cancelled=True)
+        return outcome
     finally:
         if risk is not None:
             try:

@@ -16,6 +16,7 @@ from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.faults import record_node_lost, settle_worker_lost, store_elastic_report
 from controlplane.jobs.services.outcomes import cancelled_message
+from controlplane.jobs.services.user_code import is_user_run, user_code_outcome
 from controlplane.jobs.slots import next_slot, slots_of, utc_text
 from controlplane.planning.services import plan_record_measurement
 
@@ -175,12 +176,16 @@ def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now
     elif states == {JobState.SUCCEEDED}:
         job.state = JobState.SUCCEEDED
         job.progress = 1.0
+        if is_user_run(job.config):  # a script that never reported, or lost work to a fault: said so
+            job.human_readable_error = user_code_outcome(job, None)
     else:
         job.state = JobState.FAILED
         bad = [n for n in nodes if n.state == JobState.FAILED]
         job.human_readable_error = (
-            f"torchrun on node {bad[0].node_rank} exited with code {bad[0].exit_code}; the log tail below says why. "
-            "Fix the cause and relaunch."
+            user_code_outcome(job, bad[0])
+            if is_user_run(job.config)
+            else f"torchrun on node {bad[0].node_rank} exited with code {bad[0].exit_code}; the log tail below says "
+            "why. Fix the cause and relaunch."
         )
         if job.faults.filter(attempt=job.attempts).exists() and restarts_left(job) == 0:
             job.human_readable_error += (
@@ -196,7 +201,7 @@ def settle_attempt(*, job: TrainingJob, nodes: list[JobNode], log_tail: str, now
     job.finished_at = now
     job.save()
     values = {"state": job.state, "attempt": job.attempts, "exit_codes": [n.exit_code for n in nodes]}
-    if job.state == JobState.CANCELLED:
+    if job.state == JobState.CANCELLED or (is_user_run(job.config) and job.human_readable_error):
         values["message"] = job.human_readable_error
     if job.measured:
         values["measured"] = {k: job.measured.get(k) for k in ("step_time_s", "tokens_per_s", "loss_last")}

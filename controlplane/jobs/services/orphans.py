@@ -73,3 +73,16 @@ def _with_running_node(jobs, node_name: str):
     return jobs.filter(
         nodes__attempt=F("attempts"), nodes__node_name=node_name, nodes__state=JobState.RUNNING
     ).distinct()
+
+
+def revoke_ended_credentials() -> int:
+    """Remove the Redis credentials of this deployment's jobs that have ended (``controlplane.live.credentials``;
+    the relay runs this): a credential left in an ended job's files opens nothing."""
+    from controlplane.live import credentials
+
+    live = set(
+        TrainingJob.objects.filter(state__in=(JobState.QUEUED, *TrainingJob.ACTIVE_STATES)).values_list(
+            "pk", flat=True
+        )
+    )
+    return credentials.revoke_ended(live)

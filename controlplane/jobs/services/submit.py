@@ -24,6 +24,7 @@ from controlplane.jobs.selectors import source_plan_of
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.lifecycle import job_launch, scheduled_message
 from controlplane.jobs.services.scheduling import carbon_aware_schedule, check_schedule
+from controlplane.jobs.services.user_code import checked_user_run_config, is_user_run, user_run_config_of
 from workers.training.options import api_options
 
 # GPUs / NPUs one node may run a job on: 8 on a DGX H100 or an Atlas 800T A2 node, 16 on the densest
@@ -138,6 +139,22 @@ def job_submit(
             }
         )
     nnodes = nnodes if nnodes is not None else max_nodes if max_nodes is not None else 1
+    entrypoint = options.pop("entrypoint", None)
+    if entrypoint is not None:  # the user's own code under the SDK: a model and a strategy are optional
+        config = user_run_config_of(
+            entrypoint=entrypoint,
+            strategy=(plan or {}).get("strategy") or strategy,
+            model=model,
+            steps=steps,
+            device=device,
+            **options,
+        )
+        return _submit_config(
+            user=user, name=name, team=team, config=config, plan=plan, source_plan=source_plan, nnodes=nnodes,
+            min_nodes=min_nodes, max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
+            green_schedule=green_schedule, carbon_aware=carbon_aware, zone_given=bool((options.get("energy") or {}).get("zone")),
+        )  # fmt: skip
+    options.pop("hyperparameters", None)
     if model is None and options.get("hf_model"):  # the model of a Hugging Face checkpoint is its config's
         model = model_of_checkpoint(options["hf_model"])
     if model is None:
@@ -157,6 +174,30 @@ def job_submit(
         source_plan=source_plan,
         **options,
     )
+    return _submit_config(
+        user=user, name=name, team=team, config=config, plan=plan, source_plan=source_plan, nnodes=nnodes,
+        min_nodes=min_nodes, max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
+        green_schedule=green_schedule, carbon_aware=carbon_aware, zone_given=bool((options.get("energy") or {}).get("zone")),
+    )  # fmt: skip
+
+
+def _submit_config(
+    *,
+    user,
+    name: str,
+    team,
+    config: dict,
+    plan: dict | None,
+    source_plan,
+    nnodes: int,
+    min_nodes: int | None,
+    max_restarts: int,
+    hang_timeout_s: float,
+    green_schedule: int | None,
+    carbon_aware: dict | None,
+    zone_given: bool,
+) -> TrainingJob:
+    """A job's config stored, scheduled (a stored green schedule, or carbon-aware now) or launched."""
     team = team or only_team_of(user)
     if green_schedule is not None and carbon_aware is not None:
         raise ValidationError(
@@ -165,7 +206,10 @@ def job_submit(
     with transaction.atomic():
         schedule = None
         if carbon_aware is not None:
-            validated_config(config)  # a bad job is told so before it is scheduled
+            if is_user_run(config):  # a bad job is told so before it is scheduled
+                checked_user_run_config(config, nnodes=nnodes)
+            else:
+                validated_config(config)
             schedule = carbon_aware_schedule(
                 team=team, user=user, name=name, config=config, plan=plan, request=carbon_aware
             )
@@ -176,7 +220,7 @@ def job_submit(
                 schedule=schedule,
                 team=team,
                 config=config,
-                zone_given=bool((options.get("energy") or {}).get("zone")) and carbon_aware is None,
+                zone_given=zone_given and carbon_aware is None,
             )
         return job_create(
             team=team,
@@ -365,6 +409,16 @@ def job_create(
     if isinstance(nnodes, int) and nnodes >= 1:
         check_node_range(min_nodes=min_nodes, nnodes=nnodes)
     elastic = isinstance(nnodes, int) and isinstance(min_nodes, int) and min_nodes < nnodes
+    user_run = is_user_run(config)
+    if elastic and user_run:
+        raise ValidationError(
+            {
+                "min_nodes": [
+                    "a job that runs your code (entrypoint) has a fixed node count for now: set min_nodes = "
+                    "max_nodes (a lost node still restarts it from its newest snapshot)"
+                ]
+            }
+        )
     if elastic:
         check_elastic_policy(config, min_nodes=min_nodes, nnodes=nnodes, max_restarts=max_restarts)
         # every start of its ranks continues from the newest snapshot, at the world size it has then: a
@@ -381,20 +435,30 @@ def job_create(
         config = {**config, "snapshot_dir": str(Path(settings.VAR_DIR) / "jobs" / "new" / "snapshots")}
     if isinstance(config, dict):
         check_job_paths(config)  # before the runtime reads any of them
-    hf_export = isinstance(config, dict) and bool(config.get("hf_model"))
+    hf_export = isinstance(config, dict) and bool(config.get("hf_model")) and not user_run
     if (
         hf_export
     ):  # a Hugging Face model goes back out at the end (the job's export, named after its id below)
         config = {**config, "save_hf": str(Path(settings.VAR_DIR) / "jobs" / "new" / "hf-export")}
-    config = validated_config(config)
-    check_inputs(config)
-    world = 1
-    for key in ("tp", "pp", "dp", "cp"):
-        world *= int(config["strategy"].get(key, 1))
-    if nnodes < 1 or world % nnodes:
-        raise ValidationError({"nnodes": [f"must divide the world size tp*pp*dp*cp = {world}, got {nnodes}"]})
-    nproc = world // nnodes
-    if config.get("device", "auto") in {"auto", "cpu"} and nproc > settings.MAX_CPU_RANKS_PER_NODE:
+    if user_run:
+        config, nproc = checked_user_run_config(config, nnodes=nnodes)
+        world = nproc * nnodes
+    else:
+        config = validated_config(config)
+        check_inputs(config)
+        world = 1
+        for key in ("tp", "pp", "dp", "cp"):
+            world *= int(config["strategy"].get(key, 1))
+        if nnodes < 1 or world % nnodes:
+            raise ValidationError(
+                {"nnodes": [f"must divide the world size tp*pp*dp*cp = {world}, got {nnodes}"]}
+            )
+        nproc = world // nnodes
+    if (
+        not user_run
+        and config.get("device", "auto") in {"auto", "cpu"}
+        and nproc > settings.MAX_CPU_RANKS_PER_NODE
+    ):
         raise ValidationError(
             {
                 "nnodes": [
@@ -420,7 +484,8 @@ def job_create(
                 ]
             }
         )
-    check_fits_this_machine(config, nproc)
+    if not user_run:
+        check_fits_this_machine(config, nproc)
     check_injectable(config, world, allow_kill_worker=allow_kill_worker)
     if elastic:
         check_elastic_layout(config, min_nodes=min_nodes, nproc=nproc)

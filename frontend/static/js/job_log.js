@@ -78,7 +78,8 @@ function describe(v, step) {
     case "queued": return [attempt, v.message].filter(Boolean).join(" · ");
     case "running": return [attempt, v.nodes && `${v.nodes} node(s)`, v.ranks && `${v.ranks} ranks`].filter(Boolean).join(", ");
     case "launching": return [attempt, v.nodes && `on ${v.nodes.join(", ")}`].filter(Boolean).join(" ");
-    case "started": return `${v.world_size} ranks · ${v.strategy} · ${v.device}/${v.backend} · ${v.model} · ${formatNumber(v.params)} params` + (v.start_step ? ` · resumed at step ${v.start_step}` : "");
+    case "started": return `${v.world_size} ranks · ${v.strategy} · ${v.device}/${v.backend} · ${v.model}` + (v.entrypoint ? " · your script (SDK)" : ` · ${formatNumber(v.params)} params`) + (v.start_step ? ` · resumed at step ${v.start_step}` : "");
+    case "stopped": return `stopped when asked, after step ${step}`;
     case "finished": return `step ${step} · ${formatSeconds(v.step_time_s)}/step · ${formatNumber(v.tokens_per_s)} tokens/s · loss ${formatNumber(v.loss_first, 3)} → ${formatNumber(v.loss_last, 3)}`;
     case "succeeded": case "failed": case "cancelled": {
       const parts = [];
