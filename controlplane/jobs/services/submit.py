@@ -149,12 +149,29 @@ def job_submit(
             device=device,
             **options,
         )
-        return _submit_config(
-            user=user, name=name, team=team, config=config, plan=plan, source_plan=source_plan, nnodes=nnodes,
-            min_nodes=min_nodes, max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
-            green_schedule=green_schedule, carbon_aware=carbon_aware, zone_given=bool((options.get("energy") or {}).get("zone")),
-        )  # fmt: skip
-    options.pop("hyperparameters", None)
+    else:
+        options.pop("hyperparameters", None)
+        config = _runtime_config(
+            model=model,
+            plan=plan,
+            strategy=strategy,
+            training=training,
+            steps=steps,
+            device=device,
+            source_plan=source_plan,
+            options=options,
+        )
+    return _submit_config(
+        user=user, name=name, team=team, config=config, plan=plan, source_plan=source_plan, nnodes=nnodes,
+        min_nodes=min_nodes, max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
+        green_schedule=green_schedule, carbon_aware=carbon_aware, zone_given=bool((options.get("energy") or {}).get("zone")),
+    )  # fmt: skip
+
+
+def _runtime_config(
+    *, model, plan, strategy, training, steps: int, device: str, source_plan, options: dict
+) -> dict:
+    """Our runtime's job config for a request (its model, strategy and training, or a plan's), or the 400."""
     if model is None and options.get("hf_model"):  # the model of a Hugging Face checkpoint is its config's
         model = model_of_checkpoint(options["hf_model"])
     if model is None:
@@ -165,7 +182,7 @@ def job_submit(
         raise ValidationError({"plan": ["a plan.json must hold a 'strategy' object"]})
     if plan is None and strategy is None:
         raise ValidationError({"strategy": ["give a strategy, or a plan that holds one"]})
-    config = job_config_of(
+    return job_config_of(
         model=model,
         strategy=(plan or {}).get("strategy") or strategy,
         training=training,
@@ -174,11 +191,6 @@ def job_submit(
         source_plan=source_plan,
         **options,
     )
-    return _submit_config(
-        user=user, name=name, team=team, config=config, plan=plan, source_plan=source_plan, nnodes=nnodes,
-        min_nodes=min_nodes, max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
-        green_schedule=green_schedule, carbon_aware=carbon_aware, zone_given=bool((options.get("energy") or {}).get("zone")),
-    )  # fmt: skip
 
 
 def _submit_config(
