@@ -182,8 +182,10 @@ class Run:
         self.device = self.device_choice.device_for_local_rank(self.local_rank)
         if self.device.type != "cpu":
             getattr(torch, self.device.type).set_device(self.device)
+        self._owns_default_group = False
         if process_group and self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(self.device_choice.backend)
+            self._owns_default_group = True
         self.restart = progress_mod.restart_count()
         self.progress = progress_mod.ProgressWriter.from_env(self.rank)
         if self.progress is not None:
@@ -582,21 +584,27 @@ class Run:
             self.progress.close()
 
     def _at_exit(self) -> None:
-        if self._finished:
-            return
         if self._failed is not None:  # the script raised: say so, keep what was published
-            self.publisher.submit(
-                "event",
-                {
-                    "state": "failed",
-                    "attempt": self.attempt,
-                    "message": f"{type(self._failed).__name__}: {self._failed}",
-                },
-                step=self.step,
-            )
-            self.publisher.close()
+            if not self._finished:
+                message = f"{type(self._failed).__name__}: {self._failed}"
+                self.publisher.submit(
+                    "event", {"state": "failed", "attempt": self.attempt, "message": message}, step=self.step
+                )
+                self.publisher.close()
             return
-        try:
-            self.finish()
-        except Exception as exc:  # noqa: BLE001 - at exit a peer may be gone: the run's outcome stands
-            print(f"cann-train: finishing the run at exit failed: {exc}", file=sys.stderr)
+        if not self._finished:
+            try:
+                self.finish()
+            except Exception as exc:  # noqa: BLE001 - at exit a peer may be gone: the run's outcome stands
+                print(f"cann-train: finishing the run at exit failed: {exc}", file=sys.stderr)
+                return
+        if self._owns_default_group and dist.is_initialized():
+            # the process groups this run made, torn down before the interpreter's own teardown (as the DDP
+            # example does by hand): a rank of a transformers.Trainer job that had ended well aborted in the
+            # interpreter's teardown ("terminate called without an active exception", under load, 2026-12-06)
+            # and torchrun restarted the finished job. Only after a good end: destroying groups while a peer
+            # may still sit in a collective can hang (torchtitan#1342)
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a script that destroyed them itself, or a peer gone
+                pass

@@ -133,18 +133,13 @@ def test_a_two_rank_snapshot_continues_on_one_rank(tmp_path):
 @pytest.mark.long
 def test_a_lightning_trainer_with_the_callback_recovers_from_its_own_checkpoint(tmp_path):
     example = EXAMPLE.parent / "lightning_module.py"
+    plain = _launch(tmp_path, "plain", "--nproc", "2", "--snapshot-every", "8", steps=40, example=example)
     run = _launch(tmp_path, "lightning", "--nproc", "2", "--snapshot-every", "8", "--inject", "kill-rank@step=12",
                   steps=40, example=example)  # fmt: skip
     [fault] = run["report"]["faults"]
-    assert fault["kind"] == "rank-killed" and fault["resumed_from_step"] in (8, 16, 24), fault
-    steps = {}
-    for e in run["timeline"]:
-        if e.get("event") == "step":
-            steps.setdefault(e["restart"], {})[e["step"]] = e["loss"]
-    first, again = steps[0], steps[1]
-    twice = sorted(set(first) & set(again))
-    assert twice and twice[0] == fault["resumed_from_step"] + 1
-    assert [again[s] for s in twice] == [
-        first[s] for s in twice
-    ]  # Lightning's own checkpoint, restored exactly
-    assert max(again) == 40 and sorted(p.name for p in (tmp_path / "lightning" / "snapshots").iterdir())[-1]
+    assert fault["kind"] == "rank-killed" and (fault["resumed_from_step"] or 0) % 8 == 0, fault
+    want = {int(k): v for k, v in plain["report"]["losses"].items()}
+    got = {int(k): v for k, v in run["report"]["losses"].items()}
+    # Lightning's own checkpoint restored exactly: every step's loss is the uninterrupted run's
+    assert sorted(got) == list(range(1, 41)) and got == want
+    assert sorted(p.name for p in (tmp_path / "lightning" / "snapshots").iterdir())
