@@ -13,8 +13,8 @@ class JobsConfig(AppConfig):
         from controlplane.jobs.services import (
             job_progress_from_events,
             job_submit,
+            keep_job_credentials,
             reap_orphans,
-            revoke_ended_credentials,
             scheduling,
         )
         from controlplane.jobs.services.follow import follow_external_jobs
@@ -30,8 +30,9 @@ class JobsConfig(AppConfig):
         housekeeping.every(settings.EXTERNAL_FOLLOW_EVERY_S, follow_external_jobs)
         housekeeping.every(5.0, reap_stalled_comparisons)
         housekeeping.every(5.0, scheduling.tick)
-        # the Redis credentials of ended jobs (a job's ranks publish with one of their own) are removed
-        housekeeping.every(30.0, revoke_ended_credentials)
+        # the Redis credentials a job's ranks publish with: made again after a Redis restart lost them, removed
+        # once the job has ended
+        housekeeping.every(3.0, keep_job_credentials)
         housekeeping.on_stored(job_progress_from_events)
 
         def launch(*, plan, user, steps: int, name: str):

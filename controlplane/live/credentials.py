@@ -84,6 +84,23 @@ def revoke(stream: str) -> None:
         pass
 
 
+def keep(streams) -> int:
+    """Make sure each of ``streams`` (the running jobs') still has its credential: ACL users live in the Redis
+    server's memory, not in its data (neither an RDB snapshot nor the append-only file holds them), so a
+    restarted Redis, empty or not, comes back without them and the ranks' publisher cannot authenticate until
+    they are there again (it keeps its events meanwhile and sends them then). Run by the relay's
+    housekeeping; ``ACL SETUSER`` of an existing user with the same rules changes nothing. How many were
+    (re)made."""
+    made = 0
+    for stream in streams:
+        try:
+            if publisher_url(stream)[1] is None:
+                made += 1
+        except RedisError:  # Redis away: the next round does it
+            return made
+    return made
+
+
 def revoke_ended(still_running) -> int:
     """Remove the credentials of this deployment's jobs that are no longer running (``still_running``: the
     set of job ids that are); how many were removed. Run by the relay's housekeeping."""

@@ -51,7 +51,7 @@ from controlplane.jobs.services.nodes import (
     record_measurement,
     settle_attempt,
 )
-from controlplane.jobs.services.orphans import reap_orphans, revoke_ended_credentials, running_on_node
+from controlplane.jobs.services.orphans import keep_job_credentials, reap_orphans, running_on_node
 from controlplane.jobs.services.outcomes import cancelled_message, job_fail
 from controlplane.jobs.services.submit import (
     MAX_CPU_STEPS,
@@ -72,7 +72,7 @@ from controlplane.jobs.services.submit import (
 from controlplane.jobs.services.user_code import check_user_run_request, is_user_run
 
 __all__ = [
-    "revoke_ended_credentials",
+    "keep_job_credentials",
     "check_user_run_request",
     "is_user_run",
     "job_event",

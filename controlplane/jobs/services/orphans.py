@@ -75,14 +75,17 @@ def _with_running_node(jobs, node_name: str):
     ).distinct()
 
 
-def revoke_ended_credentials() -> int:
-    """Remove the Redis credentials of this deployment's jobs that have ended (``controlplane.live.credentials``;
-    the relay runs this): a credential left in an ended job's files opens nothing."""
+def keep_job_credentials() -> int:
+    """The Redis credentials of this deployment's jobs (``controlplane.live.credentials``; the relay runs this
+    every few seconds): each job that may run has its own (made again after a Redis restart lost them:
+    ACL users are not in its data), and an ended job's is removed, so a credential left in its files opens
+    nothing. Returns how many were removed."""
     from controlplane.live import credentials
 
-    live = set(
+    live = list(
         TrainingJob.objects.filter(state__in=(JobState.QUEUED, *TrainingJob.ACTIVE_STATES)).values_list(
             "pk", flat=True
         )
     )
-    return credentials.revoke_ended(live)
+    credentials.keep(f"{TrainingJob.STREAM_KIND}/{pk}" for pk in live)
+    return credentials.revoke_ended(set(live))
