@@ -36,7 +36,11 @@ def path_problem(value: str, *, code: bool = False) -> str | None:
     if not any(real == root or root in real.parents for root in roots):
         why = " (a symlink out of them is followed)" if real != path else ""
         return f"{value} is outside the directories this deployment allows ({allowed}){why}"
-    if not real.exists():
+    try:
+        exists = real.exists()
+    except OSError as exc:  # a name too long for the filesystem, say: the person's to fix, never a 500
+        return f"{value} cannot be read: {exc.strerror or exc}"
+    if not exists:
         return f"{value} does not exist"
     return None
 

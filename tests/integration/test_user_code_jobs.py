@@ -242,6 +242,7 @@ def test_a_launched_script_has_no_secrets_and_no_way_onto_another_jobs_stream(
     [
         ({"script": "/etc/passwd.py"}, "entrypoint.script", "outside the directories this deployment allows"),
         ({"script": "{code}/missing.py"}, "entrypoint.script", "does not exist"),
+        ({"script": "{code}/" + "a" * 300 + ".py"}, "entrypoint.script", "File name too long"),
         ({"script": "{code}/../x.py"}, "entrypoint.script", "must not contain '..'"),
         ({"script": "{code}/link/train.py"}, "entrypoint.script", "a symlink out of them is followed"),
         ({"script": "{code}/train.py", "module": "pkg"}, "entrypoint.script", "not both"),
