@@ -84,21 +84,26 @@ def revoke(stream: str) -> None:
         pass
 
 
+def _users() -> set[str]:
+    return {u.decode() if isinstance(u, bytes) else u for u in redis_client().execute_command("ACL", "USERS")}
+
+
 def keep(streams) -> int:
     """Make sure each of ``streams`` (the running jobs') still has its credential: ACL users live in the Redis
     server's memory, not in its data (neither an RDB snapshot nor the append-only file holds them), so a
     restarted Redis, empty or not, comes back without them and the ranks' publisher cannot authenticate until
     they are there again (it keeps its events meanwhile and sends them then). Run by the relay's
-    housekeeping; ``ACL SETUSER`` of an existing user with the same rules changes nothing. How many were
-    (re)made."""
-    made = 0
-    for stream in streams:
-        try:
-            if publisher_url(stream)[1] is None:
+    housekeeping: one ``ACL USERS`` a round, and an ``ACL SETUSER`` only for a user that is missing. How many
+    were made again."""
+    try:
+        present = _users()
+        made = 0
+        for stream in streams:
+            if username(stream) not in present and publisher_url(stream)[1] is None:
                 made += 1
-        except RedisError:  # Redis away: the next round does it
-            return made
-    return made
+        return made
+    except (ResponseError, RedisError):  # no ACLs here, or Redis away: the next round tries again
+        return 0
 
 
 def revoke_ended(still_running) -> int:
@@ -106,9 +111,7 @@ def revoke_ended(still_running) -> int:
     set of job ids that are); how many were removed. Run by the relay's housekeeping."""
     prefix = f"cann-{_db()}-job-"
     try:
-        users = [
-            u.decode() if isinstance(u, bytes) else u for u in redis_client().execute_command("ACL", "USERS")
-        ]
+        users = _users()
     except (ResponseError, RedisError):
         return 0
     ended = [u for u in users if u.startswith(prefix) and u[len(prefix) :].isdigit()]

@@ -82,10 +82,10 @@ def keep_job_credentials() -> int:
     nothing. Returns how many were removed."""
     from controlplane.live import credentials
 
-    live = list(
-        TrainingJob.objects.filter(state__in=(JobState.QUEUED, *TrainingJob.ACTIVE_STATES)).values_list(
-            "pk", flat=True
-        )
+    # jobs whose ranks may be running (a queued job's node makes its credential when it starts them)
+    running = list(
+        TrainingJob.objects.filter(state__in=TrainingJob.ACTIVE_STATES).values_list("pk", flat=True)
     )
-    credentials.keep(f"{TrainingJob.STREAM_KIND}/{pk}" for pk in live)
-    return credentials.revoke_ended(set(live))
+    credentials.keep(f"{TrainingJob.STREAM_KIND}/{pk}" for pk in running)
+    queued = TrainingJob.objects.filter(state=JobState.QUEUED).values_list("pk", flat=True)
+    return credentials.revoke_ended({*running, *queued})
