@@ -209,7 +209,6 @@ class Run:
         self._last_report: float | None = None
         self._stall_since_report = 0.0
         self._tokens = 0
-        self._energy_from_tokens = 0
         self._forced_snapshot = False
         self._stop_agreed = False
         self._asked_at: tuple[int, tuple[bool, bool]] | None = None
@@ -397,13 +396,20 @@ class Run:
     def snapshot_taken_by_framework(self, step: int, name: str, stall_s: float) -> None:
         """A framework saved its own checkpoint after ``step`` (asked by :meth:`snapshot_due`): a supervisor's
         "snapshot now" request is answered, and the stall is left out of the step time."""
-        forced, self._forced_snapshot = self._forced_snapshot, False
-        if forced:
-            if self._snapshot_requests is not None:
-                self._snapshot_requests.answer(step=int(step), name=name, stall_s=stall_s, previous_step=None)
-            if self.progress is not None:
-                self.progress.event("snapshot-now", step=int(step), name=name, stall_s=stall_s)
+        self._answer_request(int(step), name, stall_s, previous_step=None)
         self._stall_since_report += stall_s
+
+    def _answer_request(self, step: int, name: str, stall_s: float, *, previous_step: int | None) -> None:
+        """The snapshot just taken answers a supervisor's "snapshot now", when :meth:`snapshot_due` said it
+        was one (local rank 0 writes the answer; rank 0's timeline says it)."""
+        forced, self._forced_snapshot = self._forced_snapshot, False
+        if not forced:
+            return
+        if self._snapshot_requests is not None:
+            self._snapshot_requests.answer(step=step, name=name, stall_s=stall_s, previous_step=previous_step)
+        if self.progress is not None:
+            self.progress.event("snapshot-now", step=step, name=name, stall_s=stall_s)
+        self._log(f"snapshot {name} now, as the node's supervisor asked")
 
     def report(
         self, step: int, *, loss: float | torch.Tensor | None = None, tokens: int | None = None, **metrics
@@ -448,7 +454,7 @@ class Run:
                     values[key] = value
             self.publisher.submit("train", values, step=self.step)
         if self.energy is not None:
-            values = self.energy.sample(self.step, self._tokens - self._energy_from_tokens, self.device)
+            values = self.energy.sample(self.step, self._tokens, self.device)
             if values is not None and self.rank == 0:
                 self.publisher.submit("energy", {"attempt": self.attempt, **values}, step=self.step)
 
@@ -492,15 +498,7 @@ class Run:
                 "loss": self.history[-1]["loss"] if self.history else None,
             },
         )
-        forced, self._forced_snapshot = self._forced_snapshot, False
-        if forced:
-            if self._snapshot_requests is not None:
-                self._snapshot_requests.answer(
-                    step=int(step), name=record.name, stall_s=record.stall_s, previous_step=previous
-                )
-            if self.progress is not None:
-                self.progress.event("snapshot-now", step=int(step), name=record.name, stall_s=record.stall_s)
-            self._log(f"snapshot {record.name} now, as the node's supervisor asked")
+        self._answer_request(int(step), record.name, record.stall_s, previous_step=previous)
         self._stall_since_report += time.perf_counter() - t0
 
     def should_stop(self) -> bool:
@@ -524,7 +522,7 @@ class Run:
         if self.progress is not None:
             self.progress.update("finishing", self.step)
         if self.energy is not None and self._ready:
-            values = self.energy.finish(self.step, self._tokens - self._energy_from_tokens, self.device)
+            values = self.energy.finish(self.step, self._tokens, self.device)
             if values is not None and self.rank == 0:
                 self.publisher.submit("energy", {"attempt": self.attempt, **values}, step=self.step)
         if self._snapshots is not None:

@@ -430,12 +430,8 @@ class JobCreateSerializer(RunOptionsMixin, StrictFieldsMixin, serializers.Serial
         for key in ("model", "plan", "strategy", "training"):
             if key in attrs and not isinstance(attrs[key], dict):
                 raise serializers.ValidationError({key: ["must be a JSON object"]})
-        if isinstance(self.initial_data, dict) and (
-            "entrypoint" in self.initial_data or "hyperparameters" in self.initial_data
-        ):
-            services.check_user_run_request(
-                {k: v for k, v in self.initial_data.items() if k != "entrypoint" or attrs.get("entrypoint")}
-            )
+        if "entrypoint" in attrs or "hyperparameters" in attrs:
+            services.check_user_run_request(self.initial_data)
         return attrs
 
 

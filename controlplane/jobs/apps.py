@@ -23,8 +23,7 @@ class JobsConfig(AppConfig):
 
         # run by the relay (controlplane/live/housekeeping.py): jobs whose supervising worker died fail,
         # jobs Slurm / Kubernetes runs follow their scheduler's state, stalled comparisons end, the jobs of
-        # a carbon-aware schedule launch (and pause) when their slots open (and end), ended jobs' Redis
-        # credentials go; a running job's
+        # a carbon-aware schedule launch (and pause) when their slots open (and end); a running job's
         # progress is kept from its train events as they are stored
         housekeeping.every(5.0, reap_orphans)
         housekeeping.every(settings.EXTERNAL_FOLLOW_EVERY_S, follow_external_jobs)

@@ -77,13 +77,6 @@ def publisher_url(stream: str) -> tuple[str, str | None]:
     return _url_for(user, password), None
 
 
-def revoke(stream: str) -> None:
-    try:
-        redis_client().execute_command("ACL", "DELUSER", username(stream))
-    except ResponseError:
-        pass
-
-
 def _users() -> set[str]:
     return {u.decode() if isinstance(u, bytes) else u for u in redis_client().execute_command("ACL", "USERS")}
 

@@ -95,7 +95,6 @@ def run_elastic(
     from workers.reliability.elastic import ElasticWatch
     from workers.reliability.faults import FaultInjector
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
-    from workers.training.supervision.supervisor import supervise
 
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path, summary_path, log = run_dir / "job.json", run_dir / "summary.json", run_dir / "torchrun.log"
@@ -115,10 +114,26 @@ def run_elastic(
         summary_path=str(summary_path),
         warm=True,
     )
-    env = {**torchrun_env(), **watch.env}
+    return run_watched(
+        cmd, log=log, env=torchrun_env(), watch=watch, summary_path=summary_path, timeout=timeout
+    )
+
+
+def run_watched(
+    cmd: list[str], *, log: Path, env: dict, watch, summary_path: Path, timeout: float, cwd=None
+) -> dict:
+    """A node's torchrun ``cmd`` on this machine under the supervisor, ``watch`` (an :class:`ElasticWatch`)
+    polling it, its output in ``log``: ``{"exit_code", "timed_out", "log_tail", "summary" (rank 0's, of the last
+    restart, from ``summary_path``), "report" (the watch's), "all_snapshots", "timeline"}``. ``cann-train
+    elastic`` (our runtime) and ``cann-train launch`` (a user's script) both run this way."""
+    from workers.training.supervision.supervisor import supervise
+
+    env = {**env, **watch.env}
     env.setdefault("OMP_NUM_THREADS", "1")
     log.write_bytes(b"")
-    outcome = supervise(cmd, log_path=log, env=env, timeout_s=timeout, on_poll=watch.poll, poll_every_s=0.1)
+    outcome = supervise(
+        cmd, log_path=log, env=env, cwd=cwd, timeout_s=timeout, on_poll=watch.poll, poll_every_s=0.1
+    )
     watch.finish()
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     return {

@@ -149,13 +149,13 @@ def run_user_code(
     timeout: float = 3600.0,
 ) -> dict:
     """Run a user's entrypoint on this machine under torchrun with restarts and an :class:`ElasticWatch`;
-    returns ``{"exit_code", "summary" (rank 0's, of the last restart), "report" (the watch's), "log_tail"}``.
+    returns :func:`~workers.reliability.cli.run_watched`'s result and ``run_dir``.
     :class:`~workers.training.config.ConfigError` for a run config that cannot run."""
+    from workers.reliability.cli import run_watched
     from workers.reliability.elastic import ElasticWatch
     from workers.reliability.faults import FaultInjector
     from workers.training.entrypoint import RUN_CONFIG_ENV, Entrypoint, parse_run_config
     from workers.training.launch import free_port, render_torchrun_command, torchrun_env
-    from workers.training.supervision.supervisor import supervise
 
     run_dir.mkdir(parents=True, exist_ok=True)
     entry = Entrypoint.from_dict(entrypoint)
@@ -190,23 +190,12 @@ def run_user_code(
         warm=True,
         program=entry.program(),
     )
-    env = {**torchrun_env(), **entry.env, RUN_CONFIG_ENV: str(config_path), **watch.env}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log = run_dir / "torchrun.log"
-    log.write_bytes(b"")
-    outcome = supervise(
-        cmd, log_path=log, env=env, cwd=entry.cwd, timeout_s=timeout, on_poll=watch.poll, poll_every_s=0.1
-    )
-    watch.finish()
-    return {
-        "exit_code": outcome.exit_code,
-        "timed_out": outcome.timed_out,
-        "log_tail": outcome.log_tail,
-        "summary": json.loads(summary_path.read_text()) if summary_path.exists() else None,
-        "report": watch.report(),
-        "timeline": watch.timeline.events,  # rank 0's timeline as the watch read it (steps, losses, restarts)
-        "run_dir": str(run_dir),
-    }
+    env = {**torchrun_env(), **entry.env, RUN_CONFIG_ENV: str(config_path)}
+    result = run_watched(
+        cmd, log=run_dir / "torchrun.log", env=env, watch=watch, summary_path=summary_path, timeout=timeout,
+        cwd=entry.cwd,
+    )  # fmt: skip
+    return {**result, "run_dir": str(run_dir)}
 
 
 def _submit(args, entry: dict, hyper: dict) -> int:

@@ -69,12 +69,11 @@ from controlplane.jobs.services.submit import (
     snapshot_dir_of,
     validated_config,
 )
-from controlplane.jobs.services.user_code import check_user_run_request, is_user_run
+from controlplane.jobs.services.user_code import check_user_run_request
 
 __all__ = [
     "keep_job_credentials",
     "check_user_run_request",
-    "is_user_run",
     "job_event",
     "DATABASE_RETRY_S",
     "until_the_database_answers",

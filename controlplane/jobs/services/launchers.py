@@ -31,8 +31,8 @@ from controlplane.jobs.paths import job_dir
 from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.outcomes import job_fail
-from controlplane.jobs.services.user_code import is_user_run
 from workers.deploy.launchers import ExternalState, SchedulerError
+from workers.training.entrypoint import is_user_run
 
 log = logging.getLogger(__name__)
 

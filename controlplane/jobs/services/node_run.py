@@ -22,10 +22,10 @@ from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import until_the_database_answers
 from controlplane.jobs.services.nodes import heartbeat, node_finished, node_started
 from controlplane.jobs.services.outcomes import job_fail
-from controlplane.jobs.services.user_code import is_user_run
 from controlplane.jobs.services.watches import elastic_watch_for, risk_watch_for
 from controlplane.live import credentials
 from controlplane.live.services import publish
+from workers.training.entrypoint import is_user_run
 from workers.training.supervision import supervisor
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         return "failed"
     cmd = torchrun_command(job, attempt, node_rank, endpoint, config_path, summary_path, watch)
     log.info("job %s node %s: %s", job.pk, node_rank, " ".join(cmd))
-    outcome = supervised(job, node, attempt, node_rank, workdir, cmd, watch)
+    outcome = supervised(job, node, attempt, node_rank, workdir, cmd, watch, config_path)
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     report = None
     if watch is not None:
@@ -179,7 +179,7 @@ def user_entrypoint(job: TrainingJob):
     return Entrypoint.from_dict(job.config["entrypoint"])
 
 
-def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
+def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch, config_path):
     """Run ``cmd`` under the engine's supervisor with this node's watches (the elastic watch, the fault-risk
     loop), its heartbeats (answering a cancel) and its live log; the outcome."""
     from workers.training.launch import torchrun_env
@@ -218,11 +218,11 @@ def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch):
             risk.poll()
 
     cwd, own_env = settings.BASE_DIR, {}
-    if is_user_run(job.config):  # a user's code: in its working directory, with its variables and the SDK's
+    if user_run:  # a user's code: in its working directory, with its variables and the SDK's run config
         from workers.training.entrypoint import RUN_CONFIG_ENV
 
         entry = user_entrypoint(job)
-        cwd, own_env = entry.cwd, {**entry.env, RUN_CONFIG_ENV: str(workdir / f"config-node{node_rank}.json")}
+        cwd, own_env = entry.cwd, {**entry.env, RUN_CONFIG_ENV: str(config_path)}
     if risk is not None:
         risk.start()
     try:

@@ -16,9 +16,10 @@ from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.faults import record_node_lost, settle_worker_lost, store_elastic_report
 from controlplane.jobs.services.outcomes import cancelled_message
-from controlplane.jobs.services.user_code import is_user_run, user_code_outcome
+from controlplane.jobs.services.user_code import user_code_outcome
 from controlplane.jobs.slots import next_slot, slots_of, utc_text
 from controlplane.planning.services import plan_record_measurement
+from workers.training.entrypoint import is_user_run
 
 # a supervisor that has not written a heartbeat for this long is presumed dead
 HEARTBEAT_TIMEOUT = timedelta(seconds=float(os.environ.get("CANN_TRAIN_HEARTBEAT_TIMEOUT_S", "20")))

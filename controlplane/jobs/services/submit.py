@@ -24,7 +24,8 @@ from controlplane.jobs.selectors import source_plan_of
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.lifecycle import job_launch, scheduled_message
 from controlplane.jobs.services.scheduling import carbon_aware_schedule, check_schedule
-from controlplane.jobs.services.user_code import checked_user_run_config, is_user_run, user_run_config_of
+from controlplane.jobs.services.user_code import checked_user_run_config, user_run_config_of
+from workers.training.entrypoint import is_user_run
 from workers.training.options import api_options
 
 # GPUs / NPUs one node may run a job on: 8 on a DGX H100 or an Atlas 800T A2 node, 16 on the densest

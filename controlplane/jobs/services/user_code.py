@@ -16,11 +16,6 @@ USER_RUN_FIELDS = ("hyperparameters",)
 """Request fields a job of a user's code takes besides the shared ones (the entrypoint, a strategy)."""
 
 
-def is_user_run(config) -> bool:
-    """The job runs a user's entrypoint under the SDK, not our runtime."""
-    return isinstance(config, dict) and config.get("entrypoint") is not None
-
-
 def user_run_config_of(
     *, entrypoint: dict, strategy: dict | None, model: dict | None, steps: int, device: str, **options
 ) -> dict:
@@ -94,7 +89,7 @@ def check_user_run_request(given: dict) -> None:
                 for name in wrong
             }
         )
-    if "hyperparameters" in given and not given.get("entrypoint"):
+    if "hyperparameters" in given and "entrypoint" not in given:
         raise ValidationError({"hyperparameters": ["only a job that runs your code (entrypoint) takes them"]})
 
 
