@@ -186,6 +186,19 @@ class Run:
         if process_group and self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(self.device_choice.backend)
             self._owns_default_group = True
+        # The default group, held until this process's exit handler. A script that ends as the DDP example
+        # did (``dist.destroy_process_group()`` while its DDP module is alive, then return) otherwise leaves
+        # the module's Reducer holding the group's last reference, and the gloo backend's destructor (it
+        # joins its worker threads) then ran in the Reducer's dealloc with the GIL held while a worker
+        # thread waited for the GIL to release a finished all-reduce's tensor: rank 0 hung at exit for good
+        # after the run had ended well (1 run in 5 here; gdb: ~Reducer -> ~ProcessGroupGloo -> join, and
+        # pt_gloo_runloop in decref_pyobject -> take_gil; pytorch#56297). Dropped in _at_exit, the last
+        # reference goes through ProcessGroup's own binding, which releases the GIL (pytorch#154976).
+        self._default_group = (
+            dist.distributed_c10d._get_default_group()
+            if self.world_size > 1 and dist.is_initialized()
+            else None
+        )
         self.restart = progress_mod.restart_count()
         self.progress = progress_mod.ProgressWriter.from_env(self.rank)
         if self.progress is not None:
@@ -582,6 +595,13 @@ class Run:
             self.progress.close()
 
     def _at_exit(self) -> None:
+        try:
+            self._exit()
+        finally:
+            # the group's last reference, if the script destroyed it (see __init__)
+            self._default_group = None
+
+    def _exit(self) -> None:
         if self._failed is not None:  # the script raised: say so, keep what was published
             if not self._finished:
                 message = f"{type(self._failed).__name__}: {self._failed}"
