@@ -50,8 +50,8 @@ def _password(user: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"redis-acl/{user}".encode(), hashlib.sha256).hexdigest()
 
 
-def _url_for(user: str, password: str) -> str:
-    parts = urlsplit(settings.REDIS_URL)
+def _url_for(user: str, password: str, base_url: str | None = None) -> str:
+    parts = urlsplit(base_url or settings.REDIS_URL)
     host = parts.hostname or "127.0.0.1"
     netloc = f"{quote(user, safe='')}:{password}@{'[' + host + ']' if ':' in host else host}"
     if parts.port:
@@ -59,9 +59,10 @@ def _url_for(user: str, password: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def publisher_url(stream: str) -> tuple[str, str | None]:
+def publisher_url(stream: str, base_url: str | None = None) -> tuple[str, str | None]:
     """A Redis URL that can publish onto ``stream`` and nothing else, and None; or, where this Redis cannot
-    make one, the deployment's URL and why (the caller logs it on the job)."""
+    make one, the deployment's URL and why (the caller logs it on the job). ``base_url``: the same Redis as
+    the ranks reach it (a scheduler's nodes: ``EXTERNAL_REDIS_URL``), default ``REDIS_URL``."""
     user = username(stream)
     password = _password(user)
     keys = [f"~{KEY_PREFIX}{stream}", f"~{SEQ_PREFIX}{stream}", f"~{STREAMS_SET}", f"~{TOKEN_PREFIX}*"]
@@ -71,10 +72,10 @@ def publisher_url(stream: str) -> tuple[str, str | None]:
         )
     except ResponseError as exc:  # no ACLs (Redis < 6), or the deployment's user may not manage them
         return (
-            settings.REDIS_URL,
+            base_url or settings.REDIS_URL,
             f"no per-job Redis credential ({exc}): the job publishes with the deployment's",
         )
-    return _url_for(user, password), None
+    return _url_for(user, password, base_url), None
 
 
 def _users() -> set[str]:

@@ -253,6 +253,70 @@ def test_a_job_runs_through_slurm_and_follows_its_state(slurm_cluster, slurm_sta
     assert [n.state for n in row.nodes.filter(attempt=1)] == ["succeeded"]
 
 
+@pytest.fixture
+def code_dir():
+    """A directory of this test's own under the first allowed code root (settings.CODE_ROOTS)."""
+    import uuid
+
+    from django.conf import settings
+
+    root = Path(settings.CODE_ROOTS[0]) / f"slurm-{uuid.uuid4().hex[:8]}"
+    root.mkdir(parents=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_users_own_script_runs_through_slurm_without_the_control_planes_secrets(
+    slurm_cluster, slurm_stack, token, code_dir
+):
+    """An entrypoint job on Slurm: the DDP example (two ranks, the SDK) trains with live charts and its
+    summary; a probe script finds none of the control plane's secrets in its environment (sbatch ran with
+    the worker's scrubbed one) and no way onto the other job's stream (the job's own Redis credential)."""
+    root = Path(__file__).resolve().parents[2]
+    shutil.copy(root / "examples" / "sdk" / "ddp_loop.py", code_dir / "ddp_loop.py")
+    shutil.copy(root / "tests" / "data" / "user_code" / "probe.py", code_dir / "probe.py")
+    body = {
+        "name": "ddp loop on slurm",
+        "entrypoint": {
+            "script": str(code_dir / "ddp_loop.py"),
+            "args": ["--steps", "6"],
+            "nproc_per_node": 2,
+        },
+        "steps": 6,
+        "device": "cpu",
+    }
+    status, job = http("POST", slurm_stack.base_url + "/api/jobs/", token, body)
+    assert status == 201, job
+    row = ended(job["id"])
+    assert row.state == "succeeded", (row.human_readable_error, row.log_tail[-3000:])
+    assert row.launcher == "slurm" and row.external_state == "COMPLETED"
+    train = [e for e in stored(job["id"], "train") if e.values.get("attempt") == 1]
+    assert [e.step for e in train] == [1, 2, 3, 4, 5, 6] and all("loss" in e.values for e in train)
+    [started] = [e.values for e in stored(job["id"], "event") if e.values.get("state") == "started"]
+    assert started["entrypoint"] is True and started["world_size"] == 2
+    assert row.measured["world_size"] == 2 and row.measured["loss_last"] == pytest.approx(
+        train[-1].values["loss"]
+    )
+
+    probe = {
+        "name": "probe on slurm",
+        "entrypoint": {"script": str(code_dir / "probe.py")},
+        "steps": 1,
+        "device": "cpu",
+        "hyperparameters": {"other_stream": f"job/{job['id']}"},
+    }
+    status, probed = http("POST", slurm_stack.base_url + "/api/jobs/", token, probe)
+    assert status == 201, probed
+    row = ended(probed["id"])
+    assert row.state == "succeeded", (row.human_readable_error, row.log_tail[-3000:])
+    [step] = [e.values for e in stored(probed["id"], "train")]
+    assert not any(step[f"env_{k}"] for k in ("SECRET_KEY", "DATABASE_URL", "REDIS_URL", "METRICS_TOKEN")), (
+        step
+    )
+    assert step["refused"] == "publish,xadd,read" and step["cwd"] == str(code_dir)
+    assert not [e for e in stored(job["id"], "event") if e.values.get("from") == "probe"]
+
+
 def _ranks_of(job_id: int, slurm_id: str) -> list[psutil.Process]:
     """The job's rank processes: ``python -u -m workers.training.run --config <its config>`` (torchrun's
     children; srun and torchrun carry the config path in their command lines too)."""

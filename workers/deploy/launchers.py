@@ -14,6 +14,7 @@ from typing import Any
 
 from workers.deploy.render import DEFAULT_IMAGE, Deployment, NodeLayout, job_env
 from workers.training.config import ConfigError, JobConfig
+from workers.training.entrypoint import Entrypoint, is_user_run, parse_run_config
 
 # the vocabulary: the control plane's own job states, plus GONE (the scheduler no longer knows the id)
 QUEUED, LAUNCHING, RUNNING = "queued", "launching", "running"
@@ -60,7 +61,7 @@ class JobDeployment(Deployment):
 
     @property
     def config_json(self) -> str:
-        return json.dumps({**self.config.to_dict(), **self.extra}, indent=2, sort_keys=True)
+        return json.dumps({**self.config_dict(), **self.extra}, indent=2, sort_keys=True)
 
 
 def job_deployment(
@@ -78,11 +79,33 @@ def job_deployment(
     max_restarts: int = 0,
     env: dict[str, str] | None = None,
 ) -> JobDeployment:
-    """A stored job's runtime config (a :class:`JobConfig` dict, as the control plane keeps it) laid out on
-    ``nnodes`` x ``nproc_per_node`` ``device`` ranks, publishing on stream ``job/<job_id>`` of
-    ``redis_url``. Raises :class:`~workers.training.config.ConfigError` naming the field."""
+    """A stored job's runtime config (a :class:`JobConfig` dict, as the control plane keeps it; or a user's
+    code's run config, with its ``entrypoint``) laid out on ``nnodes`` x ``nproc_per_node`` ``device`` ranks,
+    publishing on stream ``job/<job_id>`` of ``redis_url``. Raises
+    :class:`~workers.training.config.ConfigError` naming the field."""
     if device not in ("cuda", "npu", "cpu"):
         raise ConfigError("device", f"an external launch needs cuda, npu or cpu, got {device!r}")
+    if is_user_run(config):
+        # a user's code: its script or module under torchrun, in its working directory, with its variables
+        # (never one the job's environment sets) and the run config the SDK reads
+        run_config = parse_run_config(
+            {**config, "device": device, "job_id": str(job_id), "redis_url": redis_url},
+            world_size=nnodes * nproc_per_node,
+        )
+        entry = Entrypoint.from_dict(run_config["entrypoint"])
+        return JobDeployment(
+            name=name,
+            config=None,
+            layout=NodeLayout(nnodes, nproc_per_node, device),
+            image=image or DEFAULT_IMAGE,
+            python=python,
+            max_restarts=max_restarts,
+            env={**entry.env, **job_env(device, env)},
+            program=tuple(entry.program()),
+            workdir=entry.cwd,
+            run_config=run_config,
+            extra={"attempt": attempt},
+        )
     job_config = JobConfig.from_dict(
         {**config, "device": device, "job_id": str(job_id), "redis_url": redis_url}
     )

@@ -20,6 +20,12 @@ the rule, the planner's own).
 - Slurm: ``#SBATCH --nodes=<nnodes> --ntasks-per-node=1`` plus the node's devices, the job config written by
   the batch step into ``$SLURM_SUBMIT_DIR`` (a file system every node sees), then ``srun`` one ``torchrun``
   per node; the rendezvous host is the first node of ``$SLURM_JOB_NODELIST``.
+
+A job of a user's own code (:attr:`Deployment.program`, the control plane's ``entrypoint`` jobs,
+``workers.deploy.launchers``) runs the same way with the user's script or module in place of
+``workers.training.run``: torchrun starts it in its working directory (Slurm: ``srun --chdir``; Kubernetes: the
+container's ``workingDir``), with the entrypoint's variables and ``CANN_TRAIN_RUN_CONFIG`` naming the job
+config, which is then the SDK's run config (``cann_train.init`` reads it).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import yaml
 
 from workers.planner.specs import ClusterSpec, SpecError
 from workers.training.config import ConfigError, JobConfig, ParallelConfig, strategy_from_plan
+from workers.training.entrypoint import RUN_CONFIG_ENV
 from workers.training.launch import TORCHRUN_ENV, render_torchrun_command
 
 TARGETS = ("k8s", "slurm")
@@ -112,17 +119,36 @@ class Deployment:
     """Everything a rendered job needs."""
 
     name: str
-    config: JobConfig
+    config: JobConfig | None
+    """Our runtime's job config; None for a user's code (:attr:`program`, its config :attr:`run_config`)."""
     layout: NodeLayout
     image: str = DEFAULT_IMAGE
     python: str = "python"
     max_restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)
-    """The job's environment: :func:`job_env`."""
+    """The job's environment: :func:`job_env` (a user's code: with its entrypoint's variables)."""
+    program: tuple[str, ...] = ()
+    """A user's entrypoint as torchrun takes it (``train.py ARGS`` or ``-m pkg.train ARGS``); empty: our
+    runtime on the job config."""
+    workdir: str = ""
+    """Where a user's code runs (its entrypoint's working directory)."""
+    run_config: dict = field(default_factory=dict)
+    """A user's code's run config (``workers.training.entrypoint.parse_run_config``): the job config file."""
+
+    @property
+    def user_code(self) -> bool:
+        return bool(self.program)
+
+    def config_dict(self) -> dict:
+        return dict(self.run_config) if self.user_code else self.config.to_dict()
 
     @property
     def config_json(self) -> str:
-        return json.dumps(self.config.to_dict(), indent=2, sort_keys=True)
+        return json.dumps(self.config_dict(), indent=2, sort_keys=True)
+
+    def program_env(self, config_path: str) -> dict[str, str]:
+        """What a user's code is told beside the job's environment: where its run config is."""
+        return {RUN_CONFIG_ENV: config_path} if self.user_code else {}
 
 
 def device_of(device_name: str) -> str | None:
@@ -273,6 +299,7 @@ def torchrun_argv(dep: Deployment, *, rdzv_endpoint: str, run_id: str, config_pa
         run_id=run_id,
         max_restarts=dep.max_restarts,
         python=dep.python,
+        program=list(dep.program) or None,
     )
 
 
@@ -292,7 +319,7 @@ def render_kubernetes(dep: Deployment) -> list[dict]:
         "name": OPERATOR_CONTAINER,
         "image": dep.image,
         "command": command,
-        "env": [{"name": k, "value": v} for k, v in dep.env.items()],
+        "env": [{"name": k, "value": v} for k, v in {**dep.env, **dep.program_env(config_path)}.items()],
         "ports": [{"name": OPERATOR_PORT_NAME, "containerPort": OPERATOR_PORT, "protocol": "TCP"}],
         # devices are requested as limits (extended resources cannot be overcommitted); CPUs as requests
         "resources": {"requests": resource} if layout.device == "cpu" else {"limits": resource},
@@ -301,6 +328,8 @@ def render_kubernetes(dep: Deployment) -> list[dict]:
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
+    if dep.workdir:  # a user's code runs in its own working directory (in the image)
+        container["workingDir"] = dep.workdir
     pod_template = {
         "metadata": {"labels": _labels(dep)},
         "spec": {
@@ -399,12 +428,18 @@ def render_slurm(dep: Deployment) -> str:
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         f"RDZV_PORT=${{RDZV_PORT:-{SLURM_RDZV_PORT}}}",
         f'CONFIG="${{SLURM_SUBMIT_DIR:-$PWD}}/{dep.name}-${{SLURM_JOB_ID}}.json"',
+        # the job config holds the job's own Redis credential: made readable by the job's user alone first
+        'install -m 600 /dev/null "$CONFIG"',
         f"cat > \"$CONFIG\" <<'{marker}'",
         dep.config_json,
         marker,
+        *([f'export {RUN_CONFIG_ENV}="$CONFIG"'] if dep.user_code else []),
         "",
-        "# one torchrun agent per node; c10d rendezvous on the first node",
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        "# one torchrun agent per node; c10d rendezvous on the first node"
+        + ("; your code in its working directory" if dep.workdir else ""),
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+        + (f"--chdir={shlex.quote(dep.workdir)} " if dep.workdir else "")
+        + "\\",
         "  " + " ".join(_sh(a) for a in command),
         "",
     ]
@@ -412,7 +447,11 @@ def render_slurm(dep: Deployment) -> str:
 
 
 def describe(dep: Deployment) -> str:
-    s, layout = dep.config.strategy, dep.layout
+    layout = dep.layout
+    where = f"{layout.world_size} ranks on {layout.nnodes} node(s) x {layout.nproc_per_node} {layout.device}"
+    if dep.user_code:
+        return f"cann-train {dep.name}: your code ({shlex.join(dep.program)[:200]}) = {where}"
+    s = dep.config.strategy
     return (
         f"cann-train {dep.name}: {dep.config.model.name}, tp={s.tp} pp={s.pp} dp={s.dp} cp={s.cp} ep={s.ep} = "
         f"{layout.world_size} ranks on {layout.nnodes} node(s) x {layout.nproc_per_node} {layout.device}"

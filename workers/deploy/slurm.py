@@ -12,9 +12,11 @@ cancelled -> cancelled, any of :data:`FAILED_STATES` -> failed (with Slurm's ``R
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from workers.deploy.launchers import (
@@ -119,7 +121,22 @@ def job_state(text: str, job_id: str) -> ExternalState:
     )
 
 
-def _run(argv: list[str], *, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+def submit_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What ``sbatch`` runs with, and so what the batch job and its ranks inherit (sbatch exports its whole
+    environment by default): the worker's environment scrubbed as a local job's ranks get it
+    (:func:`~workers.training.launch.rank_env`: none of the control plane's secrets), plus Slurm's own client
+    settings (``SLURM_CONF``, ...)."""
+    from workers.training.launch import SECRET_NAME, rank_env
+
+    base = os.environ if base is None else base
+    env = rank_env(base)
+    env.update({k: v for k, v in base.items() if k.startswith("SLURM_") and not SECRET_NAME.search(k)})
+    return env
+
+
+def _run(
+    argv: list[str], *, cwd: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
     if shutil.which(argv[0]) is None:
         raise SchedulerError(
             f"{argv[0]} is not on this machine's PATH: install Slurm's client commands (Debian: slurm-client) "
@@ -127,7 +144,7 @@ def _run(argv: list[str], *, cwd: str | Path | None = None) -> subprocess.Comple
         )
     try:
         return subprocess.run(
-            argv, cwd=cwd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
         raise SchedulerError(f"{' '.join(argv)} did not answer within {COMMAND_TIMEOUT_S:.0f} s") from None
@@ -150,7 +167,7 @@ def submit(
     path = workdir / f"{name}.sbatch"
     path.write_text(script)
     argv = ["sbatch", "--parsable", *([f"--partition={partition}"] if partition else []), *(extra_args or [])]
-    proc = _run([*argv, str(path)], cwd=workdir)
+    proc = _run([*argv, str(path)], cwd=workdir, env=submit_env())
     # --parsable: "<job id>[;<cluster>]" (sbatch(1))
     job_id = proc.stdout.strip().split(";")[0] if proc.returncode == 0 else ""
     if not job_id.isdigit():

@@ -31,8 +31,8 @@ from controlplane.jobs.paths import job_dir
 from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import job_event
 from controlplane.jobs.services.outcomes import job_fail
+from controlplane.live import credentials
 from workers.deploy.launchers import ExternalState, SchedulerError
-from workers.training.entrypoint import is_user_run
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +154,6 @@ def slurm_workdir(job: TrainingJob, attempt: int) -> Path:
 def unsupported(job: TrainingJob, launcher: str) -> str:
     """Why ``launcher`` cannot run this job ("" when it can), in words a person can act on."""
     how = f"CANN_TRAIN_LAUNCHER={launcher}"
-    if is_user_run(job.config):
-        return (
-            f"A job that runs your own code (entrypoint) runs under the control plane's node workers for now: "
-            f"the {launcher} job cannot render it yet. Run it where CANN_TRAIN_LAUNCHER=local."
-        )
     if job.elastic:
         return (
             f"An elastic node range ({job.min_nodes}-{job.nnodes} nodes) needs the local launcher: its nodes "
@@ -185,12 +180,17 @@ def deployment_for(job: TrainingJob, attempt: int, launcher: str):
 
     config = dict(job.config or {})
     device = config.get("device") or "auto"
+    # the ranks publish with the job's own credential (its stream alone), as a local job's do (node_run): a
+    # user's code runs there, and the rendered config sits in a directory the scheduler's nodes read
+    redis_url, why_not = credentials.publisher_url(job.stream, settings.EXTERNAL_REDIS_URL or None)
+    if why_not:
+        log.warning("job %s: %s", job.pk, why_not)
     return job_deployment(
         config,
         name=job_name(job, attempt),
         job_id=job.pk,
         attempt=attempt,
-        redis_url=settings.EXTERNAL_REDIS_URL or settings.REDIS_URL,
+        redis_url=redis_url,
         nnodes=job.nnodes,
         nproc_per_node=job.nproc_per_node,
         device=settings.EXTERNAL_DEVICE if device == "auto" else device,
