@@ -174,7 +174,13 @@ class Run:
         self.hyperparameters: dict = dict(config.get("hyperparameters") or {})
         self.steps: int | None = config.get("steps")
         self.seed = int(config.get("seed") or 0)
-        self.strategy = Strategy.from_dict(config.get("strategy") or {"dp": self.world_size})
+        strategy = config.get("strategy") or {"dp": self.world_size}
+        if config.get("rescale") and Strategy.from_dict(strategy).world_size != self.world_size:
+            # an elastic job's group re-formed on the nodes it has: the plan's layout with dp taking the ranks
+            from workers.training.entrypoint import rescaled_strategy
+
+            strategy = rescaled_strategy(strategy, self.world_size)
+        self.strategy = Strategy.from_dict(strategy)
         self.snapshot_every = int(config.get("snapshot_every") or 0)
         self.snapshot_dir = Path(config["snapshot_dir"]) if config.get("snapshot_dir") else None
         requested = config.get("device") or "auto"

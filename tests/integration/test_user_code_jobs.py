@@ -281,6 +281,38 @@ def test_requests_for_user_code_that_cannot_run_are_refused_with_the_field(
     assert words is None or any(words in m for m in flat[field]), errors
 
 
+@pytest.mark.parametrize(
+    "extra, status, words",
+    [
+        # tp 2 on 1 node of 1 rank: no layout
+        ({"strategy": {"tp": 2, "dp": 1}}, 400, "on 1 node(s): 1 rank(s) do not split into tp*pp*cp = 2"),
+        ({"snapshot_every": 0}, 400, "needs snapshots"),
+        ({}, 201, None),
+    ],
+)
+def test_an_elastic_range_for_your_code_needs_a_layout_on_every_node_count(
+    alice_api, code_dir, extra, status, words
+):
+    (code_dir / "train.py").write_text("print('hi')\n")
+    body = {
+        "name": "x",
+        "entrypoint": {"script": str(code_dir / "train.py")},
+        "device": "cpu",
+        "max_nodes": 2,
+        "min_nodes": 1,
+        "snapshot_every": 2,
+        "max_restarts": 2,
+        **extra,
+    }
+    r = alice_api.post("/api/jobs/", body, format="json")
+    assert r.status_code == status, r.content
+    if status == 201:
+        assert r.json()["min_nodes"] == 1 and r.json()["nnodes"] == 2
+        alice_api.post(f"/api/jobs/{r.json()['id']}/cancel/")
+    else:
+        assert any(words in m for m in sum(r.json().values(), [])), r.json()
+
+
 def test_runtime_options_are_refused_for_user_code(alice_api, code_dir):
     (code_dir / "train.py").write_text("print('hi')\n")
     body = {"name": "x", "entrypoint": {"script": str(code_dir / "train.py")}, "device": "cpu"}
@@ -337,3 +369,76 @@ def test_a_cancelled_script_stops_itself_after_a_snapshot(live_stack, alice_api,
     assert "stopping after step" in job.log_tail  # it stopped itself, within the grace period
     [snapshot] = JobSnapshot.objects.filter(job_id=job_id)
     assert snapshot.verified and snapshot.step % 1000 != 0  # the step it stopped at, off the cadence
+
+
+@pytest.mark.long
+def test_an_elastic_job_of_your_code_goes_on_without_a_lost_node_with_its_strategy_rescaled(
+    live_stack, alice_api, code_dir
+):
+    """The DDP example as an elastic job (1-2 nodes of one rank): node-b's Celery worker is SIGKILLed while
+    both train; node-a's rank restarts alone, ``run.strategy`` says dp 1, the SDK restores the two-rank
+    snapshot resharded, and the job ends succeeded on one rank with every step trained."""
+    import math
+    import os
+    import signal
+    from datetime import timedelta
+
+    from controlplane.jobs.models import JobFault, TrainingJob
+    from controlplane.jobs.selectors import online_node_queues
+    from controlplane.jobs.services.recovery import reap_lost_nodes
+    from controlplane.live.models import StreamEvent
+    from controlplane.stack import stop
+    from tests.conftest import wait_for
+    from tests.integration.test_elastic_jobs import group_starts, start_node_worker, training_on
+
+    shutil.copy(ROOT / "examples" / "sdk" / "ddp_loop.py", code_dir / "ddp_loop.py")
+    steps = 60
+    body = {
+        "name": "my elastic ddp loop",
+        "entrypoint": {"script": str(code_dir / "ddp_loop.py"), "args": ["--batch", "16", "--seq", "64"]},
+        "steps": steps,
+        "device": "cpu",
+        "snapshot_every": 2,
+        "max_nodes": 2,
+        "min_nodes": 1,
+        "max_restarts": 5,
+    }
+    workers = {name: start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
+    try:
+        wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
+        r = alice_api.post("/api/jobs/", body, format="json")
+        assert r.status_code == 201, r.content
+        job_id, stream = r.json()["id"], r.json()["stream"]
+        wait_for(lambda: training_on(stream, 2, 6), 120, "both nodes to train together")
+        killed_after = StreamEvent.objects.filter(stream=stream).order_by("-seq")[0].seq
+        os.killpg(workers["node-b"].pid, signal.SIGKILL)  # node-b is gone
+        workers["node-b"].wait()
+        wait_for(
+            lambda: (
+                reap_lost_nodes(stale_after=timedelta(seconds=8))
+                or JobFault.objects.filter(job_id=job_id, kind="node-lost").exists()
+            ),
+            60,
+            "node-b to be called lost",
+        )
+        job = wait_for(
+            lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 180, "the job to end"
+        )
+    finally:
+        stop(list(workers.values()))
+    assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
+    assert job.attempts == 1
+    [lost] = job.faults.filter(kind="node-lost")
+    assert (lost.node_rank, lost.node_name) == (1, "node-b")
+    assert [world for seq, world in group_starts(stream) if seq > killed_after] == [1]
+    [restart] = [
+        v
+        for v in StreamEvent.objects.filter(
+            stream=stream, kind="event", values__state="started", seq__gt=killed_after
+        ).values_list("values", flat=True)
+    ]
+    assert restart["strategy"] == "tp1-pp1-dp1-ep1"  # the plan's dp 2 rescaled to the rank left
+    assert job.measured["world_size"] == 1 and job.measured["resumed"]["step"] >= 6
+    train = StreamEvent.objects.filter(stream=stream, kind="train")
+    assert max(train.values_list("step", flat=True)) == steps
+    assert all(math.isfinite(x) for x in train.values_list("values__loss", flat=True))

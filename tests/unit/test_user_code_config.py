@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from workers.training.config import ConfigError
-from workers.training.entrypoint import Entrypoint, parse_run_config
+from workers.training.entrypoint import Entrypoint, parse_run_config, rescaled_strategy
 from workers.training.launch import rank_env, torchrun_env
 
 WORKER_ENV = {
@@ -98,3 +98,13 @@ def test_a_run_config_that_cannot_run_names_the_field(doc, field, words):
         parse_run_config(doc, world_size=1)
     assert field in caught.value.errors, caught.value.errors
     assert any(words in m for m in caught.value.errors[field]), caught.value.errors
+
+
+def test_an_elastic_run_keeps_its_model_layout_and_gives_dp_the_ranks_present():
+    plan = {"tp": 2, "pp": 2, "dp": 4, "micro_batch_size": 3}
+    assert {k: rescaled_strategy(plan, 8)[k] for k in ("tp", "pp", "dp", "micro_batch_size")} == {
+        "tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 3,
+    }  # fmt: skip
+    assert rescaled_strategy(plan, 24)["dp"] == 6
+    with pytest.raises(ConfigError, match="6 rank\\(s\\) do not split into tp\\*pp\\*cp = 4"):
+        rescaled_strategy(plan, 6)

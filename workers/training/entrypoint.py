@@ -44,6 +44,7 @@ RUN_OPTIONS = (
     "snapshot_keep",
     "resume",
     "resume_from",
+    "rescale",
     "inject",
     "energy",
     "risk_policy",
@@ -229,6 +230,22 @@ def parse_run_config(d: Any, *, world_size: int | None = None) -> dict[str, Any]
     if errors:
         raise ConfigError(errors)
     return out
+
+
+def rescaled_strategy(strategy: dict, world_size: int) -> dict:
+    """``strategy`` for ``world_size`` ranks, as an elastic job of a user's code runs after its group re-formed
+    on fewer or more nodes: tp, pp and cp kept (the script's model layout), dp taking the ranks present (each
+    rank's batch is the script's: the global batch follows the ranks). :class:`ConfigError` naming
+    ``min_nodes`` when tp*pp*cp does not divide them."""
+    parsed = ParallelConfig.from_dict(strategy)
+    inner = parsed.tp * parsed.pp * parsed.cp
+    if world_size < 1 or world_size % inner:
+        raise ConfigError(
+            "min_nodes",
+            f"{world_size} rank(s) do not split into tp*pp*cp = {inner} (tp {parsed.tp}, pp {parsed.pp}, "
+            f"cp {parsed.cp}) times a data-parallel degree: choose node counts whose ranks it divides",
+        )
+    return {**parsed.to_dict(), "dp": world_size // inner}
 
 
 def is_user_run(config: Any) -> bool:

@@ -340,6 +340,22 @@ def check_elastic_policy(config: dict, *, min_nodes: int, nnodes: int, max_resta
         raise ValidationError(errors)
 
 
+def check_user_elastic_layout(config: dict, *, min_nodes: int, nnodes: int, nproc: int) -> None:
+    """An elastic job of a user's code: on every node count of its range the strategy's tp*pp*cp must divide
+    the ranks (dp takes the rest, ``workers.training.entrypoint.rescaled_strategy``; the SDK lays
+    ``run.strategy`` out so), as a 400 naming ``min_nodes``."""
+    from workers.training.config import ConfigError
+    from workers.training.entrypoint import rescaled_strategy
+
+    for nodes in range(min_nodes, nnodes + 1):
+        try:
+            rescaled_strategy(config.get("strategy") or {"dp": nnodes * nproc}, nodes * nproc)
+        except ConfigError as exc:
+            raise ValidationError(
+                {"min_nodes": [f"on {nodes} node(s): {exc.errors['min_nodes'][0]}"]}
+            ) from exc
+
+
 def check_elastic_layout(config: dict, *, min_nodes: int, nproc: int) -> None:
     """A layout for the ranks of ``min_nodes`` nodes (``workers.training.scaling``: the strategy's dp
     rescaled with the global batch kept, else the planner's best), as a 400; the node counts between are
@@ -423,15 +439,6 @@ def job_create(
         check_node_range(min_nodes=min_nodes, nnodes=nnodes)
     elastic = isinstance(nnodes, int) and isinstance(min_nodes, int) and min_nodes < nnodes
     user_run = is_user_run(config)
-    if elastic and user_run:
-        raise ValidationError(
-            {
-                "min_nodes": [
-                    "a job that runs your code (entrypoint) has a fixed node count for now: set min_nodes = "
-                    "max_nodes (a lost node still restarts it from its newest snapshot)"
-                ]
-            }
-        )
     if elastic:
         check_elastic_policy(config, min_nodes=min_nodes, nnodes=nnodes, max_restarts=max_restarts)
         # every start of its ranks continues from the newest snapshot, at the world size it has then: a
@@ -500,7 +507,9 @@ def job_create(
     if not user_run:
         check_fits_this_machine(config, nproc)
     check_injectable(config, world, allow_kill_worker=allow_kill_worker)
-    if elastic:
+    if elastic and user_run:
+        check_user_elastic_layout(config, min_nodes=min_nodes, nnodes=nnodes, nproc=nproc)
+    elif elastic:
         check_elastic_layout(config, min_nodes=min_nodes, nproc=nproc)
     with transaction.atomic():
         job = TrainingJob.objects.create(
