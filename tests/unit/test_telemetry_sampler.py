@@ -20,6 +20,7 @@ from workers.reliability.telemetry import (
     TelemetrySampler,
     collectors_for_node,
 )
+from workers.reliability.telemetry.sampler import MAX_STRETCH
 
 
 class HashingCollector(Collector):
@@ -104,10 +105,52 @@ def test_a_costly_source_stretches_the_interval_to_keep_the_cpu_budget():
     sampler = TelemetrySampler([HashingCollector(mib=64)], interval_s=0.5, node="n", max_cpu_fraction=0.01)
     s = sampler.sample_once()
     assert s.cost["hashing.cpu_s"] > 0.01  # hashing 64 MiB takes well over 10 ms of CPU
-    assert s.cost["interval_s"] == pytest.approx(s.cost["cpu_s"] / 0.01)
+    # stretched to the budget, at most MAX_STRETCH intervals
+    assert s.cost["interval_s"] == pytest.approx(min(s.cost["cpu_s"] / 0.01, MAX_STRETCH * 0.5))
     assert sampler.next_interval_s > 0.5
     cheap = TelemetrySampler([HashingCollector(mib=0)], interval_s=0.5, node="n", max_cpu_fraction=0.01)
     assert cheap.sample_once().cost["interval_s"] == 0.5
+
+
+class ReapingCollector(Collector):
+    """A cheap source during whose read the process reaps a child that burned CPU before it (what a
+    Celery worker does when another job's torchrun agent ends while this job's sampler reads)."""
+
+    name = "reaping"
+
+    def __init__(self, child):
+        self.child = child
+
+    def available(self) -> tuple[bool, str]:
+        return True, "test source"
+
+    def sample(self) -> Reading:
+        self.child.wait()
+        r = Reading()
+        r.put("test.reaped", 1)
+        return r
+
+
+def test_another_processs_cpu_reaped_during_a_sample_does_not_stretch_the_interval():
+    import subprocess
+    import sys
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # it has burned its CPU and exited (a zombie until reaped)
+        try:
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    sampler = TelemetrySampler([ReapingCollector(child)], interval_s=5.0, node="n", max_cpu_fraction=0.01)
+    s = sampler.sample_once()
+    # 0.6 s of someone else's CPU counted as this sample's cost would have made the next wait 60 s (the
+    # risk watch silenced); counted for at most the read's own wall time, it stays 5 s
+    assert s.cost["cpu_s"] < 0.1 and s.cost["interval_s"] == 5.0, s.cost
 
 
 def test_a_failing_callback_is_counted_and_sampling_goes_on():

@@ -5,7 +5,15 @@ Cost: every sample measures what it cost, ``cpu_s`` (this thread's CPU time plus
 processes it ran, e.g. ``npu-smi``) and ``wall_s``, in total and per collector. The loop keeps its CPU share
 under ``max_cpu_fraction`` of one core (default 1%, the budget issue 14 sets for telemetry against step
 time): when a sample costs more than ``max_cpu_fraction x interval_s``, the next wait is stretched to
-``cpu_s / max_cpu_fraction``, and the stretched interval is reported (``cost.interval_s``).
+``cpu_s / max_cpu_fraction``, and the stretched interval is reported (``cost.interval_s``), never beyond
+:data:`MAX_STRETCH` intervals.
+
+The children's CPU time is ``RUSAGE_CHILDREN``, the process's: in a Celery worker that supervises several jobs
+it also grows when another job's torchrun agent is reaped, by everything that tree ran. So a collector's
+children are counted for at most its own wall time (a tool it waits for cannot use more of one core), else
+one sample that coincided with another job's end (80 s of rank CPU) stretched the next wait to hours: a job's
+risk watch published its first sample and then nothing (CI, twice: one risk event in 60 s; in the other run
+the next came 127 s later).
 
     sampler = TelemetrySampler(collectors_for_node(job=signals), interval_s=5.0,
                                callback=lambda s: publisher.submit("telemetry", s.to_event_values()))
@@ -53,6 +61,11 @@ def collectors_for_node(
     if job is not None:
         collectors.append(job)
     return collectors
+
+
+MAX_STRETCH = 6
+"""The most intervals the CPU budget stretches one wait to (30 s at the default 5 s): a mismeasured cost must
+not silence the telemetry and the risk watch that reads it."""
 
 
 def _children_cpu_s() -> float:
@@ -122,7 +135,8 @@ class TelemetrySampler:
 
     def sample_once(self) -> TelemetrySample:
         """Read every available collector now (on the calling thread) and return the merged sample."""
-        t0_wall, t0_cpu, t0_children = time.perf_counter(), time.thread_time(), _children_cpu_s()
+        t0_wall, t0_cpu = time.perf_counter(), time.thread_time()
+        children_total = 0.0
         when = time.time()
         merged = Reading()
         cost: dict[str, float] = {}
@@ -136,14 +150,19 @@ class TelemetrySampler:
                 merged.merge(c.sample())
             except Exception as exc:  # one failing source must not stop the others
                 merged.absent[c.name] = f"sample failed: {type(exc).__name__}: {exc}"
-            cost[f"{c.name}.cpu_s"] = time.thread_time() - c_cpu + _children_cpu_s() - c_children
-            cost[f"{c.name}.wall_s"] = time.perf_counter() - c_wall
-        cost["cpu_s"] = time.thread_time() - t0_cpu + _children_cpu_s() - t0_children
+            wall = time.perf_counter() - c_wall
+            children = min(max(0.0, _children_cpu_s() - c_children), wall)  # not another job's (above)
+            children_total += children
+            cost[f"{c.name}.cpu_s"] = time.thread_time() - c_cpu + children
+            cost[f"{c.name}.wall_s"] = wall
+        cost["cpu_s"] = time.thread_time() - t0_cpu + children_total
         cost["wall_s"] = time.perf_counter() - t0_wall
         self.samples += 1
         self.cpu_s_total += cost["cpu_s"]
         self.wall_s_total += cost["wall_s"]
-        self.next_interval_s = max(self.interval_s, cost["cpu_s"] / self.max_cpu_fraction)
+        self.next_interval_s = min(
+            max(self.interval_s, cost["cpu_s"] / self.max_cpu_fraction), MAX_STRETCH * self.interval_s
+        )
         cost["interval_s"] = self.next_interval_s
         return TelemetrySample(
             node=self.node,
