@@ -11,6 +11,7 @@ publishes, and is not a training setting.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -50,7 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0 and args.summary:  # before the teardown: the results are out whatever happens there
         with open(args.summary, "w") as f:
             json.dump(summary, f)
+    group = trainer.default_group
     trainer.close()
+    # The DDP module's Reducer holds the default group after destroy_process_group; freed last by it, the gloo
+    # backend's destructor joins its worker threads with the GIL held (or, at the interpreter's finalization,
+    # a worker releasing a tensor there is made to exit: "terminate called without an active exception", a
+    # rank of a finished Slurm job, CI 2026-12-06; pytorch#56297). So the trainer goes first, while this
+    # frame holds the group, and the group's last reference is dropped here, through ProcessGroup's binding,
+    # which releases the GIL (pytorch#154976; the SDK's Run does the same, cann_train.run)
+    del trainer
+    gc.collect()
+    del group
     return 0
 
 

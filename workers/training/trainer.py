@@ -123,6 +123,9 @@ class Trainer:
             getattr(torch, self.device.type).set_device(self.device)
         if not dist.is_initialized():
             dist.init_process_group(self.device_choice.backend, rank=rank, world_size=world_size)
+        self.default_group = dist.distributed_c10d._get_default_group() if world_size > 1 else None
+        """The default process group, for whoever tears the run down last (``workers.training.run``: its last
+        reference must not be the DDP module's)."""
         self._agree_on_restart()
         self.step_times = StepTimesWriter.from_env(rank, restart=self.restart)
         """Every rank's step time and collective wait, one line per step, for the supervisor's straggler watch
