@@ -60,8 +60,6 @@ class EventPublisher:
         self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)
         self.submit_seconds = 0.0
         self.published = 0
-        self.batches = 0
-        """Round trips that published (each sends what arrived within :attr:`LINGER_S` of its first event)."""
         self.errors = 0
         self.dropped = 0
         self._close_deadline = float("inf")
@@ -80,30 +78,24 @@ class EventPublisher:
     MAX_PENDING = 100_000
     RETRY_MAX_S = 5.0
 
-    LINGER_S = 0.1
-    """After an event arrives, how long the thread gathers more before it sends them in one round trip: its
-    Python work (encoding, the pipeline) holds the GIL the training thread needs, so one wake-up per 0.1 s
-    instead of one per step (bench/sdk_overhead.py); the live charts are that much later."""
-
     def _run(self) -> None:
         pending: list = []
         closing = False
         backoff = 0.2
         while True:
             item = self._queue.get() if not pending else self._get_within(backoff)
-            linger_until = time.monotonic() + self.LINGER_S
-            while item is not None:  # (None: close, sent at once)
+            while item is not None:
                 if item is not _NOTHING:
                     pending.append(item)
-                item = self._get_within(max(0.0, linger_until - time.monotonic()))
-                if item is _NOTHING:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
                     break
             closing = closing or item is None
             if pending:
                 try:
                     self._writer.publish_many(self.stream, pending)
                     self.published += len(pending)
-                    self.batches += 1
                     pending, backoff = [], 0.2
                 except Exception as exc:  # Redis down: training goes on, the events wait here and are retried
                     self.errors += 1
