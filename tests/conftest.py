@@ -281,6 +281,21 @@ PASSWORD = "correct-horse-battery-staple"
 
 
 @pytest.fixture
+def code_dir():
+    """A directory of this test's own under the first allowed code root (settings.CODE_ROOTS): where a test puts
+    the user's script a job runs."""
+    import shutil
+    import uuid
+
+    from django.conf import settings
+
+    root = Path(settings.CODE_ROOTS[0]) / f"test-{uuid.uuid4().hex[:8]}"
+    root.mkdir(parents=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
 def make_member():
     """make_member("alice", "Team A") -> user in that team (team created when new). The test enables the
     database itself (`db` or `transactional_db`)."""

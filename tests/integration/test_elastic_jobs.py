@@ -274,36 +274,28 @@ def _losses(stream: str) -> list[float]:
     return list(rows.values_list("values__loss", flat=True))
 
 
-def _elastic_body(steps: int) -> dict:
-    return _body(strategy={"dp": 2, "micro_batch_size": 2}, steps=steps, max_nodes=2, min_nodes=1,
-                 snapshot_every=2, max_restarts=5, profile_every=0)  # fmt: skip
-
-
-@pytest.mark.long
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_stack, alice_api):
-    """node-b's Celery worker (its process group; its agent and rank follow it) is SIGKILLed while both nodes
-    train: node-a goes on alone (dp 2 -> 1, resharded from the newest snapshot); node-b is recorded lost, the
-    job is neither failed nor resumed as a new attempt; it ends succeeded on one rank, finite losses."""
+def run_losing_node_b(live_stack, client, body: dict) -> tuple:
+    """Submit the elastic job ``body`` (1-2 nodes) with two node workers online; once both nodes have trained 6
+    steps together, SIGKILL node-b's Celery worker (its process group: its agent and ranks follow it), wait for
+    node-b to be called lost and the job to end. Returns (the ended job, its stream, the last event's seq
+    before the kill)."""
     from controlplane.jobs.models import JobFault, TrainingJob
     from controlplane.jobs.selectors import online_node_queues
     from controlplane.jobs.services.recovery import reap_lost_nodes
     from controlplane.live.models import StreamEvent
     from controlplane.stack import stop
 
-    steps = 60  # the kill comes after step 6: the rest is trained on the node left, however fast
     workers = {name: start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
     try:
         wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
-        r = alice_api.post("/api/jobs/", _elastic_body(steps), format="json")
+        r = client.post("/api/jobs/", body, format="json")
         assert r.status_code == 201, r.content
         job_id, stream = r.json()["id"], r.json()["stream"]
         wait_for(lambda: training_on(stream, 2, 6), 120, "both nodes to train together")
         killed_after = StreamEvent.objects.filter(stream=stream).order_by("-seq")[0].seq
         os.killpg(workers["node-b"].pid, signal.SIGKILL)  # node-b is gone
         workers["node-b"].wait()
-        # the relay's reaper calls a node lost after 20 s of silence; this test asks after 8
+        # the relay's reaper calls a node lost after 20 s of silence; this asks after 8
         wait_for(
             lambda: (
                 reap_lost_nodes(stale_after=timedelta(seconds=8))
@@ -317,6 +309,25 @@ def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_s
         )
     finally:
         stop(list(workers.values()))
+    return job, stream, killed_after
+
+
+def _elastic_body(steps: int) -> dict:
+    return _body(strategy={"dp": 2, "micro_batch_size": 2}, steps=steps, max_nodes=2, min_nodes=1,
+                 snapshot_every=2, max_restarts=5, profile_every=0)  # fmt: skip
+
+
+@pytest.mark.long
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_elastic_job_that_loses_a_node_goes_on_without_it_and_succeeds(live_stack, alice_api):
+    """node-b's Celery worker (its process group; its agent and rank follow it) is SIGKILLed while both nodes
+    train: node-a goes on alone (dp 2 -> 1, resharded from the newest snapshot); node-b is recorded lost, the
+    job is neither failed nor resumed as a new attempt; it ends succeeded on one rank, finite losses."""
+    from controlplane.live.models import StreamEvent
+
+    steps = 60  # the kill comes after step 6: the rest is trained on the node left, however fast
+    job, stream, killed_after = run_losing_node_b(live_stack, alice_api, _elastic_body(steps))
     assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
     assert job.attempts == 1  # node-a went on: the job was not resumed as a new attempt
     [lost] = job.faults.filter(kind="node-lost")

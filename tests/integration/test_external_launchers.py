@@ -253,19 +253,6 @@ def test_a_job_runs_through_slurm_and_follows_its_state(slurm_cluster, slurm_sta
     assert [n.state for n in row.nodes.filter(attempt=1)] == ["succeeded"]
 
 
-@pytest.fixture
-def code_dir():
-    """A directory of this test's own under the first allowed code root (settings.CODE_ROOTS)."""
-    import uuid
-
-    from django.conf import settings
-
-    root = Path(settings.CODE_ROOTS[0]) / f"slurm-{uuid.uuid4().hex[:8]}"
-    root.mkdir(parents=True)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def test_a_users_own_script_runs_through_slurm_without_the_control_planes_secrets(
     slurm_cluster, slurm_stack, token, code_dir
 ):

@@ -7,11 +7,9 @@ environment and no way onto another job's stream; and the requests refused with 
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from tests.integration.test_jobs import wait_for_state
 
@@ -20,15 +18,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 40
 EVERY = 5
-
-
-@pytest.fixture
-def code_dir():
-    """A directory of this test's own under the first allowed code root (settings.CODE_ROOTS)."""
-    root = Path(settings.CODE_ROOTS[0]) / f"test-{uuid.uuid4().hex[:8]}"
-    root.mkdir(parents=True)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _losses(stream: str) -> dict[int, float]:
@@ -381,17 +370,9 @@ def test_an_elastic_job_of_your_code_goes_on_without_a_lost_node_with_its_strate
     both train; node-a's rank restarts alone, ``run.strategy`` says dp 1, the SDK restores the two-rank
     snapshot resharded, and the job ends succeeded on one rank with every step trained."""
     import math
-    import os
-    import signal
-    from datetime import timedelta
 
-    from controlplane.jobs.models import JobFault, TrainingJob
-    from controlplane.jobs.selectors import online_node_queues
-    from controlplane.jobs.services.recovery import reap_lost_nodes
     from controlplane.live.models import StreamEvent
-    from controlplane.stack import stop
-    from tests.conftest import wait_for
-    from tests.integration.test_elastic_jobs import group_starts, start_node_worker, training_on
+    from tests.integration.test_elastic_jobs import group_starts, run_losing_node_b
 
     shutil.copy(ROOT / "examples" / "sdk" / "ddp_loop.py", code_dir / "ddp_loop.py")
     steps = 60
@@ -405,29 +386,7 @@ def test_an_elastic_job_of_your_code_goes_on_without_a_lost_node_with_its_strate
         "min_nodes": 1,
         "max_restarts": 5,
     }
-    workers = {name: start_node_worker(live_stack, name) for name in ("node-a", "node-b")}
-    try:
-        wait_for(lambda: online_node_queues() == ["node.node-a", "node.node-b"], 60, "two node workers")
-        r = alice_api.post("/api/jobs/", body, format="json")
-        assert r.status_code == 201, r.content
-        job_id, stream = r.json()["id"], r.json()["stream"]
-        wait_for(lambda: training_on(stream, 2, 6), 120, "both nodes to train together")
-        killed_after = StreamEvent.objects.filter(stream=stream).order_by("-seq")[0].seq
-        os.killpg(workers["node-b"].pid, signal.SIGKILL)  # node-b is gone
-        workers["node-b"].wait()
-        wait_for(
-            lambda: (
-                reap_lost_nodes(stale_after=timedelta(seconds=8))
-                or JobFault.objects.filter(job_id=job_id, kind="node-lost").exists()
-            ),
-            60,
-            "node-b to be called lost",
-        )
-        job = wait_for(
-            lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 180, "the job to end"
-        )
-    finally:
-        stop(list(workers.values()))
+    job, stream, killed_after = run_losing_node_b(live_stack, alice_api, body)
     assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
     assert job.attempts == 1
     [lost] = job.faults.filter(kind="node-lost")

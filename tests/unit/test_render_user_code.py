@@ -42,7 +42,7 @@ CONFIG = {
 REDIS = "redis://cann-0-job-7:secret@10.0.0.5:6379/0"
 
 
-def user_deployment(**kw):
+def user_deployment(config: dict = CONFIG, **kw):
     args = dict(
         name="cann-train-job7-a2",
         job_id=7,
@@ -53,7 +53,7 @@ def user_deployment(**kw):
         device="cpu",
         max_restarts=1,
     )
-    return job_deployment(CONFIG, **{**args, **kw})
+    return job_deployment(config, **{**args, **kw})
 
 
 def test_slurm_runs_the_users_script_in_its_directory_with_its_run_config(tmp_path):
@@ -140,16 +140,7 @@ def test_kubernetes_runs_the_users_script_in_its_directory_with_its_run_config()
 
 def test_a_user_run_whose_strategy_does_not_fit_the_layout_is_refused_naming_the_field():
     with pytest.raises(ConfigError) as caught:
-        job_deployment(
-            {**CONFIG, "strategy": {"dp": 8}},
-            name="x",
-            job_id=7,
-            attempt=1,
-            redis_url=REDIS,
-            nnodes=2,
-            nproc_per_node=2,
-            device="cpu",
-        )
+        user_deployment({**CONFIG, "strategy": {"dp": 8}}, attempt=1)
     assert "strategy" in caught.value.errors and "4 rank(s)" in str(caught.value)
 
 

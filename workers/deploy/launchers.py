@@ -85,37 +85,24 @@ def job_deployment(
     :class:`~workers.training.config.ConfigError` naming the field."""
     if device not in ("cuda", "npu", "cpu"):
         raise ConfigError("device", f"an external launch needs cuda, npu or cpu, got {device!r}")
+    resolved = {**config, "device": device, "job_id": str(job_id), "redis_url": redis_url}
     if is_user_run(config):
         # a user's code: its script or module under torchrun, in its working directory, with its variables
         # (never one the job's environment sets) and the run config the SDK reads
-        run_config = parse_run_config(
-            {**config, "device": device, "job_id": str(job_id), "redis_url": redis_url},
-            world_size=nnodes * nproc_per_node,
-        )
+        run_config = parse_run_config(resolved, world_size=nnodes * nproc_per_node)
         entry = Entrypoint.from_dict(run_config["entrypoint"])
-        return JobDeployment(
-            name=name,
-            config=None,
-            layout=NodeLayout(nnodes, nproc_per_node, device),
-            image=image or DEFAULT_IMAGE,
-            python=python,
-            max_restarts=max_restarts,
-            env={**entry.env, **job_env(device, env)},
-            program=tuple(entry.program()),
-            workdir=entry.cwd,
-            run_config=run_config,
-            extra={"attempt": attempt},
-        )
-    job_config = JobConfig.from_dict(
-        {**config, "device": device, "job_id": str(job_id), "redis_url": redis_url}
-    )
+        own = dict(config=None, program=tuple(entry.program()), workdir=entry.cwd, run_config=run_config)
+        env = {**entry.env, **job_env(device, env)}
+    else:
+        own = dict(config=JobConfig.from_dict(resolved))
+        env = job_env(device, env)
     return JobDeployment(
         name=name,
-        config=job_config,
         layout=NodeLayout(nnodes, nproc_per_node, device),
         image=image or DEFAULT_IMAGE,
         python=python,
         max_restarts=max_restarts,
-        env=job_env(device, env),
+        env=env,
         extra={"attempt": attempt},
+        **own,
     )
