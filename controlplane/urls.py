@@ -85,6 +85,7 @@ urlpatterns = [
     path("tokens/<id:pk>/revoke/", account_views.token_revoke_view, name="token-revoke"),
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
+    path("clusters/", include("controlplane.clusters.urls")),
     path("green/", green_page, name="green"),
     path("green/reports/<str:code>/", green_report, name="green-report"),
     path("failure-patterns/", failure_views.failure_pattern_list, name="failure-pattern-list"),

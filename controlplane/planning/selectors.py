@@ -311,6 +311,8 @@ def plan_page_data(plan: StoredPlan) -> dict:
         "visuals": plan_visuals_or_none(_scenario(plan), plan.to_contract()) if plan.feasible else None,
         "runner_up": plan_document(runner_up) if runner_up else None,
         "powercap": plan_powercap(plan),
+        "cluster_row": plan_cluster_link(plan),
+        "reproduced": plan_reproduction(plan),
         "jobs": [
             {"id": j.pk, "state": j.state, "measured": j.measured}
             for j in plan.jobs.order_by("-created_at")[:10]
@@ -322,6 +324,45 @@ def plan_page_data(plan: StoredPlan) -> dict:
             "job_page": "/jobs/{id}/",
             "scale_down": f"/api/plans/{plan.pk}/scale-down/",
         },
+    }
+
+
+def plan_cluster_link(plan: StoredPlan) -> dict | None:
+    """The cluster row the plan was planned on (its page), and whether it changed since: the plan keeps the
+    document it was planned on (``cluster_doc``), so an edit of the cluster never moves the plan."""
+    cluster = plan.cluster
+    if cluster is None or cluster.team_id != plan.team_id:
+        return None
+    return {"id": cluster.pk, "name": cluster.name, "changed_since": cluster.spec != plan.cluster_doc}
+
+
+def plan_reproduction(plan: StoredPlan) -> dict | None:
+    """The plan costed again now from the documents it keeps (model, cluster, training, strategy) beside its
+    stored step time: ``{"step_time_s", "stored_step_time_s", "relative_difference", "error"}``. The same
+    figures show the plan reproduces whatever happened to the rows since; an MoE plan whose search used the
+    expert load measured then is costed with the load measured now."""
+    stored = plan.predicted.get("step_time_s")
+    if not plan.feasible or not stored:
+        return None
+    try:
+        model = planner.ModelSpec.from_dict(plan.model_doc)
+        cluster = planner.ClusterSpec.from_dict(plan.cluster_doc)
+        training = planner.TrainingConfig.from_dict(plan.training)
+        expert_load = measured_expert_load(teams=[plan.team], model_doc=plan.model_doc)
+        again = evaluated(model, cluster, training, plan.strategy, expert_load=expert_load)
+    except (planner.SpecError, ValidationError, ValueError, TypeError, KeyError) as exc:
+        return {"error": f"the plan's documents no longer cost: {exc}", "stored_step_time_s": stored}
+    now = again.predicted.get("step_time_s")
+    difference = (now - stored) / stored if now else None
+    return {
+        "step_time_s": now,
+        "stored_step_time_s": stored,
+        "relative_difference": difference,
+        "difference_text": "the same"
+        if difference == 0
+        else f"{100 * difference:+.2f}%"
+        if difference
+        else "",
     }
 
 

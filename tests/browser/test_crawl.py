@@ -32,6 +32,7 @@ MISSING = (
     "/planning/plans/999999/",
     "/planning/searches/999999/",
     "/failure-patterns/no_such_kind/",
+    "/clusters/999999/",
 )
 
 
@@ -89,7 +90,10 @@ def seed_objects(user) -> dict:
     assert r.status_code == 201, r.content
     job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
     assert job.state == "succeeded", job.log_tail[-2000:]
-    return {"plan": plan["id"], "search": search.pk, "job": job.pk}
+    from controlplane.clusters.models import Cluster
+
+    cluster = Cluster.objects.filter(team=teams_of(user).get()).order_by("name").first()
+    return {"plan": plan["id"], "search": search.pk, "job": job.pk, "cluster": cluster.pk}
 
 
 def links_on(page) -> list[str]:
@@ -173,6 +177,11 @@ def test_every_reachable_page_stays_in_the_app(live_stack, page, make_member):
         f"/planning/searches/{ids['search']}/",
         f"/planning/plans/{ids['plan']}/",
         "/failure-patterns/gpu_hbm3/",
+        "/clusters/",
+        "/clusters/new/",
+        f"/clusters/{ids['cluster']}/",
+        f"/clusters/{ids['cluster']}/edit/",
+        f"/clusters/{ids['cluster']}/copy/",
     ):
         assert wanted in seen, f"no link reaches {wanted}; walked {sorted(seen)}"
     assert len(seen) < MAX_PAGES, "the walk hit its bound: some pages were never visited"

@@ -150,6 +150,11 @@ API: dict[tuple[str, str], Op] = {
     ("PUT", "/api/clusters/{id}/"): Op("cluster", body=lambda w: _cluster(w, name="put")),
     ("PATCH", "/api/clusters/{id}/"): Op("cluster", body=lambda w: {"name": "patched"}),
     ("DELETE", "/api/clusters/{id}/"): Op("spare-cluster", own=GONE),
+    # the cluster form's live check: a create's validation, nothing stored
+    ("POST", "/api/clusters/validate/"): Op(
+        body=lambda w: _cluster(w, name="checked"),
+        ref=("team", lambda w, team: _cluster(w, team=team, name="bob's")),
+    ),
     ("GET", "/api/models/"): Op(lists=True),
     ("POST", "/api/models/"): Op(
         body=lambda w: _model(w, name="copy"),
@@ -265,6 +270,15 @@ PAGES: dict[str, Page] = {
     "search-detail": Page("/planning/searches/{search}/", bob="404"),
     "plan-diff": Page("/planning/plans/diff/?a={plan}&b={plan}", bob="404"),
     "plan-detail": Page("/planning/plans/{plan}/", bob="404"),
+    "cluster-list": Page("/clusters/"),
+    "cluster-new": Page("/clusters/new/"),
+    "cluster-detail": Page("/clusters/{cluster}/", bob="404"),
+    "cluster-edit": Page("/clusters/{cluster}/edit/", bob="404"),
+    "cluster-copy": Page("/clusters/{cluster}/copy/", bob="404"),
+    "cluster-document": Page("/clusters/{cluster}/cluster.yaml", bob="404"),
+    "cluster-delete": Page(
+        "/clusters/{spare-cluster}/delete/", method="POST", data={"confirm": "1"}, own=302, bob="404"
+    ),
     "green": Page("/green/"),
     "green-report": Page("/green/reports/{certificate}/", bob="404"),
     "failure-pattern-list": Page("/failure-patterns/"),
@@ -572,6 +586,8 @@ def _page_url(page: Page, objects: dict[str, int], missing: bool = False) -> str
         "job": "job",
         "search": "search",
         "plan": "plan",
+        "cluster": "cluster",
+        "spare-cluster": "spare-cluster",
         "token": "token",
         "pattern": "failure-pattern",
         "certificate": "certificate",

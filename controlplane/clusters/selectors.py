@@ -1,0 +1,113 @@
+"""Reads of the clusters app: a user's clusters and hardware profiles, and what a cluster's page shows
+(its totals and drawing from ``workers.planner.topology``, its device's figures beside their sources, the
+plans planned on it and the jobs run from those plans)."""
+
+from __future__ import annotations
+
+from django.db.models import F, Q, QuerySet
+
+from controlplane.accounts.selectors import scoped
+from controlplane.clusters.models import Cluster, HardwareProfile
+
+DEVICE_FIGURES = ("peak_tflops", "memory_GiB", "memory_bandwidth_GBps", "tdp_watts")
+
+
+def clusters_of(user) -> QuerySet[Cluster]:
+    return scoped(Cluster.objects.all(), user).select_related("team")
+
+
+def cluster_of(user, pk: int) -> Cluster | None:
+    """The cluster when it belongs to one of the user's teams; None for another team's or none."""
+    return clusters_of(user).filter(pk=pk).first()
+
+
+def device_sources(cluster: Cluster) -> dict:
+    """Where the cluster's device figures can be checked: the team's hardware profile of that name when it
+    has one, else the shipped profile the planner matches (``workers.planner.hardware.find_profile``).
+    ``{"profile", "origin", "confidence", "rows": [{"field", "value", "profile_value", "source"}]}``;
+    ``value`` is the cluster document's (the planner uses it), ``profile_value`` the profile's."""
+    from workers.planner.hardware import find_profile
+
+    device = cluster.spec.get("device") or {}
+    name = str(device.get("name", ""))
+    team_profile = HardwareProfile.objects.filter(team_id=cluster.team_id, name__iexact=name).first()
+    if team_profile is not None:
+        profile, origin, confidence = (
+            team_profile.spec,
+            f"your team's profile {team_profile.name}",
+            team_profile.confidence,
+        )
+        profile_name = team_profile.name
+    else:
+        profile_name, profile = find_profile(name) if name else ("generic", {})
+        origin = "data/hardware_profiles.json" if profile_name not in ("generic", "cpu") else "none"
+        confidence = profile.get("confidence", "") if origin != "none" else ""
+    sources = profile.get("sources") or {}
+    rows = []
+    for figure in DEVICE_FIGURES:
+        value = device.get(figure)
+        if isinstance(value, dict):
+            for dtype, v in value.items():
+                rows.append(
+                    {
+                        "field": f"{figure}.{dtype}",
+                        "value": v,
+                        "profile_value": (profile.get(figure) or {}).get(dtype) if origin != "none" else None,
+                        "source": sources.get(f"{figure}.{dtype}") or sources.get(figure) or "",
+                    }
+                )
+        elif value is not None:
+            rows.append(
+                {
+                    "field": figure,
+                    "value": value,
+                    "profile_value": profile.get(figure) if origin != "none" else None,
+                    "source": sources.get(figure) or "",
+                }
+            )
+    return {"profile": profile_name, "origin": origin, "confidence": confidence, "rows": rows}
+
+
+def cluster_usage(cluster: Cluster) -> dict:
+    """The plans of the cluster's team planned on it, best first within each search (a search's ranked
+    plans, and plans imported or measured; a search's other Pareto points are on its page), each marked
+    ``planned_on_earlier`` when the cluster changed since (a plan keeps the document it was planned on);
+    the searches run on it and the jobs launched from those plans. The plans and jobs are read through the
+    rows' reverse relations (``StoredPlan.cluster``, ``TrainingJob.source_plan``): the planning and jobs
+    apps stand above this one."""
+    shown = cluster.plans.filter(team_id=cluster.team_id).filter(Q(rank__isnull=False) | ~Q(source="search"))
+    plans = list(
+        shown.prefetch_related("jobs").order_by(F("search_id").desc(nulls_last=True), "rank", "-created_at")[
+            :50
+        ]
+    )
+    jobs = sorted(
+        {job for plan in plans for job in plan.jobs.all() if job.team_id == cluster.team_id},
+        key=lambda j: j.created_at,
+        reverse=True,
+    )
+    return {
+        "plans": [{"plan": p, "planned_on_earlier": p.cluster_doc != cluster.spec} for p in plans],
+        "plan_count": shown.count(),
+        "jobs": jobs[:50],
+        "searches": cluster.searches.filter(team_id=cluster.team_id).order_by("-created_at")[:20],
+    }
+
+
+def cluster_page_data(cluster: Cluster) -> dict:
+    """Everything the cluster page shows; a document the planner no longer reads shows its error."""
+    from workers.planner import ClusterSpec, SpecError
+    from workers.planner.topology import cluster_figures, topology_drawing
+
+    try:
+        spec = ClusterSpec.from_dict(cluster.spec)
+    except SpecError as exc:
+        return {"cluster": cluster, "error": str(exc), **cluster_usage(cluster)}
+    return {
+        "cluster": cluster,
+        "spec": spec,
+        "figures": cluster_figures(spec),
+        "drawing": topology_drawing(spec),
+        "device": device_sources(cluster),
+        **cluster_usage(cluster),
+    }
