@@ -86,6 +86,8 @@ urlpatterns = [
     path("jobs/", include("controlplane.jobs.urls")),
     path("planning/", include("controlplane.planning.urls")),
     path("clusters/", include("controlplane.clusters.urls")),
+    path("models/", include("controlplane.planning.model_urls")),
+    path("hardware/", include("controlplane.clusters.hardware_urls")),
     path("green/", green_page, name="green"),
     path("green/reports/<str:code>/", green_report, name="green-report"),
     path("failure-patterns/", failure_views.failure_pattern_list, name="failure-pattern-list"),

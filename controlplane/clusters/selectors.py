@@ -65,7 +65,15 @@ def device_sources(cluster: Cluster) -> dict:
                     "source": sources.get(figure) or "",
                 }
             )
-    return {"profile": profile_name, "origin": origin, "confidence": confidence, "rows": rows}
+    # the team's row of that profile (its page), when it has one: the device's own name or the matched one
+    row = team_profile or HardwareProfile.objects.filter(team_id=cluster.team_id, name=profile_name).first()
+    return {
+        "profile": profile_name,
+        "profile_id": row.pk if row is not None else None,
+        "origin": origin,
+        "confidence": confidence,
+        "rows": rows,
+    }
 
 
 def cluster_usage(cluster: Cluster) -> dict:
@@ -111,3 +119,94 @@ def cluster_page_data(cluster: Cluster) -> dict:
         "device": device_sources(cluster),
         **cluster_usage(cluster),
     }
+
+
+# --- hardware profiles (/hardware/) -------------------------------------------------------------------
+PROFILE_FIGURES = (
+    ("memory_GiB", "memory", "GiB"),
+    ("memory_bandwidth_GBps", "memory bandwidth", "GB/s"),
+    ("scale_up_GBps_per_direction", "scale-up link", "GB/s per direction"),
+    ("devices_per_node", "devices per node", ""),
+    ("tdp_watts", "board power", "W"),
+)
+
+
+def profiles_of(user) -> QuerySet[HardwareProfile]:
+    return scoped(HardwareProfile.objects.all(), user).select_related("team")
+
+
+def profile_of(user, pk: int) -> HardwareProfile | None:
+    return profiles_of(user).filter(pk=pk).first()
+
+
+def _source(sources: dict, field: str) -> str:
+    """A figure's citation: its own key, else its family's (``peak_tflops.bf16`` -> ``peak_tflops``,
+    ``scale_up_GBps_per_direction`` -> ``scale_up``)."""
+    for key in (field, field.split(".")[0], field.removesuffix("_GBps_per_direction")):
+        if sources.get(key):
+            return str(sources[key])
+    return ""
+
+
+def profile_rows(profile: HardwareProfile) -> list[dict]:
+    """Every figure of a profile with its unit and source: the peak per dtype, then memory, bandwidths,
+    node size and power (``{"field", "label", "value", "unit", "source"}``)."""
+    spec, sources = profile.spec, profile.spec.get("sources") or {}
+    rows = [
+        {
+            "field": f"peak_tflops.{dtype}",
+            "label": f"peak {dtype}",
+            "value": v,
+            "unit": "TFLOP/s",
+            "source": _source(sources, f"peak_tflops.{dtype}"),
+        }  # fmt: skip
+        for dtype, v in (spec.get("peak_tflops") or {}).items()
+    ]
+    for field, label, unit in PROFILE_FIGURES:
+        if spec.get(field) is not None:
+            rows.append(
+                {
+                    "field": field,
+                    "label": label,
+                    "value": spec[field],
+                    "unit": unit,
+                    "source": _source(sources, field),
+                }
+            )
+    return rows
+
+
+def profile_page_data(profile: HardwareProfile) -> dict:
+    """A profile's page: its figures and sources, how they were measured (``confidence``; "calibrated here"
+    when ``cann-train calibrate`` measured this kind of device on this machine), the cost model's calibrated
+    constants with theirs, and the team's clusters of this device."""
+    from workers.planner.hardware import profile_origin
+
+    origin = profile_origin(profile.name)
+    spec = profile.spec
+    names = {profile.name.lower(), *(a.lower() for a in spec.get("aliases", []))}
+    clusters = [c for c in Cluster.objects.filter(team_id=profile.team_id) if c.device_name.lower() in names]
+    return {
+        "profile": profile,
+        "rows": profile_rows(profile),
+        "efficiency": sorted((spec.get("efficiency") or {}).items()),
+        "achievable": origin.get("achievable_compute") if origin.get("name") != "generic" else None,
+        "calibrated_here": origin.get("confidence") == "measured"
+        or "device-" in str(origin.get("origin", "")),
+        "origin": origin,
+        "aliases": spec.get("aliases", []),
+        "clusters": clusters,
+    }
+
+
+def profile_comparison(a: HardwareProfile, b: HardwareProfile) -> list[dict]:
+    """Two profiles side by side: every figure either has, with b / a where both have it."""
+    ra = {r["field"]: r for r in profile_rows(a)}
+    rb = {r["field"]: r for r in profile_rows(b)}
+    out = []
+    for field in [*ra, *(f for f in rb if f not in ra)]:
+        x, y = ra.get(field), rb.get(field)
+        row = x or y
+        ratio = y["value"] / x["value"] if x and y and x["value"] else None
+        out.append({"label": row["label"], "unit": row["unit"], "a": x, "b": y, "ratio": ratio})
+    return out

@@ -7,15 +7,6 @@ from django.db import transaction
 from controlplane.clusters.models import Cluster
 
 
-def copy_name(cluster: Cluster) -> str:
-    """A free name for a copy of ``cluster`` in its team: ``<name> (copy)``, then ``(copy 2)``, …"""
-    taken = set(Cluster.objects.filter(team_id=cluster.team_id).values_list("name", flat=True))
-    name, n = f"{cluster.name} (copy)", 2
-    while name in taken:
-        name, n = f"{cluster.name} (copy {n})", n + 1
-    return name[:200]
-
-
 @transaction.atomic
 def delete_cluster(cluster: Cluster) -> int:
     """Delete ``cluster``; returns how many plans referred to it. Those plans keep the document they were

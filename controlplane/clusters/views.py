@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.selectors import teams_of
 from controlplane.clusters import selectors, services
 from controlplane.clusters.models import HardwareProfile
+from controlplane.common.formats import document_download
 
 
 def _cluster_or_404(user, pk: int):
@@ -87,7 +88,7 @@ def cluster_edit(request, pk: int):
 @login_required
 def cluster_copy(request, pk: int):
     cluster = _cluster_or_404(request.user, pk)
-    return _form(request, document={**cluster.spec, "name": services.copy_name(cluster)}, copy_of=cluster)
+    return _form(request, document={**cluster.spec, "name": cluster.copy_name()}, copy_of=cluster)
 
 
 @login_required
@@ -106,16 +107,44 @@ def cluster_delete(request, pk: int):
 
 @login_required
 def cluster_document(request, pk: str, fmt: str):
-    """The cluster.json document (or YAML), as a download: what the API's create takes back unchanged."""
-    import json
+    """The cluster.json document (or YAML), as a download."""
+    return document_download(_cluster_or_404(request.user, int(pk)).spec, f"cluster-{pk}", fmt)
 
-    import yaml
 
-    cluster = _cluster_or_404(request.user, int(pk))
-    if fmt == "yaml":
-        body, kind = yaml.safe_dump(cluster.spec, sort_keys=False, allow_unicode=True), "application/yaml"
-    else:
-        body, kind = json.dumps(cluster.spec, indent=2, ensure_ascii=False) + "\n", "application/json"
-    response = HttpResponse(body, content_type=f"{kind}; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="cluster-{cluster.pk}.{fmt}"'
-    return response
+# --- hardware profiles: /hardware/ --------------------------------------------------------------------
+def _profile_or_404(user, pk: int):
+    profile = selectors.profile_of(user, pk)
+    if profile is None:
+        raise Http404("No such hardware profile among your teams' profiles.")
+    return profile
+
+
+@login_required
+def hardware_list(request):
+    profiles = list(selectors.profiles_of(request.user))
+    return render(
+        request, "clusters/hardware_list.html", {"rows": [(p, selectors.profile_rows(p)) for p in profiles]}
+    )
+
+
+@login_required
+def hardware_detail(request, pk: int):
+    profile = _profile_or_404(request.user, pk)
+    others = selectors.profiles_of(request.user).exclude(pk=pk)
+    return render(
+        request, "clusters/hardware_detail.html", {**selectors.profile_page_data(profile), "others": others}
+    )
+
+
+@login_required
+def hardware_compare(request):
+    try:
+        a_id, b_id = int(request.GET.get("a", "")), int(request.GET.get("b", ""))
+    except ValueError:
+        return HttpResponseBadRequest("Give two profile ids: /hardware/compare/?a=<id>&b=<id>")
+    a, b = _profile_or_404(request.user, a_id), _profile_or_404(request.user, b_id)
+    return render(
+        request,
+        "clusters/hardware_compare.html",
+        {"a": a, "b": b, "rows": selectors.profile_comparison(a, b)},
+    )

@@ -119,3 +119,19 @@ else:  # PyYAML built without libyaml
 
 class SafeYAMLRenderer(YAMLRenderer):
     encoder = _RENDER_DUMPER
+
+
+def document_download(document: dict, filename: str, fmt: str):
+    """A stored contract document as a file to download (``fmt``: json or yaml): what the API's create takes
+    back unchanged (the knowledge-base pages' ``cluster.json`` / ``model.yaml`` links)."""
+    import json
+
+    from django.http import HttpResponse
+
+    if fmt == "yaml":
+        body, kind = yaml.safe_dump(document, sort_keys=False, allow_unicode=True), "application/yaml"
+    else:
+        body, kind = json.dumps(document, indent=2, ensure_ascii=False) + "\n", "application/json"
+    response = HttpResponse(body, content_type=f"{kind}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}.{fmt}"'
+    return response

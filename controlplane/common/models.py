@@ -15,6 +15,15 @@ class TeamOwned(models.Model):
     class Meta:
         abstract = True
 
+    def copy_name(self) -> str:
+        """A free name in the team for a copy of this named object: ``<name> (copy)``, then ``(copy 2)``, …
+        (the knowledge-base pages' "copy to edit a variant")."""
+        taken = set(type(self).objects.filter(team_id=self.team_id).values_list("name", flat=True))
+        name, n = f"{self.name} (copy)", 2
+        while name in taken:
+            name, n = f"{self.name} (copy {n})", n + 1
+        return name[:200]
+
 
 class JobState(models.TextChoices):
     # a training job waiting for its carbon-aware window (``controlplane.jobs.services.scheduling``): it holds

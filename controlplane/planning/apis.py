@@ -84,9 +84,32 @@ class HFConfigImportSerializer(serializers.Serializer):
         return attrs
 
 
+class ModelCheckSerializer(serializers.Serializer):
+    document = serializers.JSONField(help_text="the model.json document, as the planner read it")
+    figures = serializers.JSONField(help_text="parameters by part, active per token, FLOPs per token")
+
+
 class ModelSpecViewSet(TeamScopedViewSet):
     queryset = StoredModelSpec.objects.select_related("team")
     serializer_class = ModelSpecSerializer
+
+    @extend_schema(request=ModelSpecSerializer, responses={200: ModelCheckSerializer})
+    @action(detail=False, methods=["post"])
+    def validate(self, request):
+        """Check a model.json document as a create would (the planner's rules and messages, the team's
+        names), without storing it: 200 with its parameters by part and FLOPs per token, or 400 naming each
+        field. With ``?id=<model>`` the check is an edit of that model (its own name is no clash)."""
+        from workers.planner.model_summary import model_figures
+
+        instance = None
+        if (pk := request.query_params.get("id", "")).isdigit():
+            instance = self.get_queryset().filter(pk=int(pk)).first()
+        data = ModelSpecSerializer(instance, data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        document = data.validated_data["spec"]
+        return Response(
+            {"document": document, "figures": model_figures(planner.ModelSpec.from_dict(document))}
+        )
 
     @extend_schema(request=HFConfigImportSerializer, responses={201: ModelSpecSerializer})
     @action(detail=False, methods=["post"], url_path="from-hf-config")

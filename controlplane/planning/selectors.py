@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from rest_framework.exceptions import ValidationError
 
 from controlplane.accounts.selectors import scoped, teams_of
@@ -188,6 +188,9 @@ def search_page_data(search: StrategySearch) -> dict:
             "stream": search.stream,
             "what_if": search.what_if,
             "parent_id": search.parent_id,
+            # the knowledge-base rows it ran on (their pages), when they still exist
+            "cluster_id": search.cluster_id,
+            "model_id": search.model_spec_id,
             # what the ranking followed and the limits plans kept (older searches: throughput, none)
             "objective": req.get("objective", "throughput"),
             "constraints": req.get("constraints") or {},
@@ -312,6 +315,7 @@ def plan_page_data(plan: StoredPlan) -> dict:
         "runner_up": plan_document(runner_up) if runner_up else None,
         "powercap": plan_powercap(plan),
         "cluster_row": plan_cluster_link(plan),
+        "model_row": plan_model_link(plan),
         "reproduced": plan_reproduction(plan),
         "jobs": [
             {"id": j.pk, "state": j.state, "measured": j.measured}
@@ -334,6 +338,14 @@ def plan_cluster_link(plan: StoredPlan) -> dict | None:
     if cluster is None or cluster.team_id != plan.team_id:
         return None
     return {"id": cluster.pk, "name": cluster.name, "changed_since": cluster.spec != plan.cluster_doc}
+
+
+def plan_model_link(plan: StoredPlan) -> dict | None:
+    """The model row the plan was planned for, as :func:`plan_cluster_link`."""
+    model = plan.model_spec
+    if model is None or model.team_id != plan.team_id:
+        return None
+    return {"id": model.pk, "name": model.name, "changed_since": model.spec != plan.model_doc}
 
 
 def plan_reproduction(plan: StoredPlan) -> dict | None:
@@ -404,3 +416,54 @@ def search_durations_s() -> list[float]:
         state=JobState.SUCCEEDED, started_at__isnull=False, finished_at__isnull=False
     ).values_list("started_at", "finished_at")
     return [max(0.0, (end - start).total_seconds()) for start, end in rows]
+
+
+# --- the model knowledge base (/models/) ----------------------------------------------------------------
+def models_of(user) -> QuerySet[StoredModelSpec]:
+    return scoped(StoredModelSpec.objects.all(), user).select_related("team")
+
+
+def model_of(user, pk: int) -> StoredModelSpec | None:
+    """The model when it belongs to one of the user's teams; None for another team's or none."""
+    return models_of(user).filter(pk=pk).first()
+
+
+def model_page_data(model: StoredModelSpec) -> dict:
+    """What a model's page shows: its architecture, parameters by part and FLOPs per token
+    (``workers.planner.model_summary``), the plans and searches on it (each plan keeps the document it was
+    planned on: ``planned_on_earlier`` when the model changed since) and the jobs run from those plans."""
+    from workers.planner.model_summary import model_figures
+
+    shown = model.plans.filter(team_id=model.team_id).filter(Q(rank__isnull=False) | ~Q(source="search"))
+    plans = list(
+        shown.prefetch_related("jobs").order_by(F("search_id").desc(nulls_last=True), "rank", "-created_at")[
+            :50
+        ]
+    )
+    jobs = sorted(
+        {j for p in plans for j in p.jobs.all() if j.team_id == model.team_id}, key=lambda j: j.created_at
+    )
+    usage = {
+        "model": model,
+        "plans": [{"plan": p, "planned_on_earlier": p.model_doc != model.spec} for p in plans],
+        "plan_count": shown.count(),
+        "searches": model.searches.filter(team_id=model.team_id).order_by("-created_at")[:20],
+        "jobs": jobs[::-1][:50],
+    }
+    try:
+        spec = planner.ModelSpec.from_dict(model.spec)
+    except planner.SpecError as exc:
+        return {**usage, "error": str(exc)}
+    return {**usage, "spec": spec, "figures": model_figures(spec)}
+
+
+def plan_filter_choices(user) -> dict:
+    """What the plan list filters by: the team's clusters and models (id, name), the devices and sources its
+    plans have."""
+    plans = plans_of(user)
+    return {
+        "clusters": list(scoped(Cluster.objects.all(), user).values_list("pk", "name")),
+        "models": list(models_of(user).values_list("pk", "name")),
+        "devices": sorted(set(plans.exclude(device_name="").values_list("device_name", flat=True))),
+        "sources": [s for s, _label in StoredPlan.Source.choices],
+    }

@@ -111,6 +111,15 @@ def search_create(
     return search
 
 
+@transaction.atomic
+def model_delete(model: StoredModelSpec) -> int:
+    """Delete ``model``; returns how many plans referred to it. Those plans keep the document they were
+    planned on (``StoredPlan.model_doc``) and lose only their link to the row."""
+    used = model.plans.count()
+    model.delete()
+    return used
+
+
 def search_what_if(*, search: StrategySearch, lose_nodes: int, created_by=None) -> StrategySearch:
     """Re-run a search on the cluster minus ``lose_nodes`` nodes (the planner's ``without_nodes``)."""
     cluster = checked("cluster", search.request["cluster"], "cluster")

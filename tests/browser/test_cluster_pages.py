@@ -132,3 +132,64 @@ def test_a_cluster_made_in_the_form_is_drawn_searched_on_and_edited_without_movi
         cluster.spec["inter_node"]["bandwidth_GBps"],
     ) == (25, 12.5)
     assert page.js_errors == []
+
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+
+
+def test_a_model_imported_from_a_config_json_and_one_made_in_the_form(
+    live_stack, page, make_member, tmp_path
+):
+    import json
+
+    from controlplane.planning.models import StoredModelSpec
+    from workers.planner import ModelSpec
+
+    make_member("alice", "Team A")
+    base = live_stack.base_url
+    log_in(page, base, "alice")
+    page.goto(base + "/models/")
+    page.click("#new-model")
+    page.wait_for_selector("#model-form[data-ready='1']")
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    page.set_input_files("#hf-file", str(config))
+    page.fill("#hf-form input[name=name]", "tiny llama")
+    page.click("#hf-import-button")
+    page.wait_for_url(re.compile(r".*/models/\d+/$"))
+    model = StoredModelSpec.objects.get(name="tiny llama")
+    total = ModelSpec.from_dict(model.spec).parameter_count()["total"]
+    # transformers counts this config as 2 x 256 x 64 (embedding, head) + 2 layers + the final norm
+    assert total == 2 * 256 * 64 + 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    assert page.inner_text("#model-params") == f"{total / 1e3:.3g} k"
+    assert "llama" in page.inner_text("#model-architecture")
+
+    # the form: a wrong field shows the planner's message beside it as the user types, then it saves
+    page.goto(base + "/models/new/")
+    page.wait_for_selector("#model-form[data-ready='1']")
+    for name, value in {"name": "my gpt", "num_layers": "4", "hidden_size": "256", "num_attention_heads": "8",
+                        "num_kv_heads": "3", "ffn_hidden_size": "1024", "vocab_size": "512", "seq_length": "128"}.items():  # fmt: skip
+        page.fill(f"#model-form input[name='{name}']", value)
+    beside = ".field-error[data-for='num_kv_heads']"
+    page.wait_for_function(f"() => document.querySelector(\"{beside}\").textContent !== ''")
+    assert page.inner_text(beside) == "must divide num_attention_heads (8), got 3"
+    page.fill("#model-form input[name='num_kv_heads']", "4")
+    page.wait_for_function("() => document.getElementById('preview-params') !== null")
+    page.click("#save-model")
+    page.wait_for_url(re.compile(r".*/models/\d+/$"))
+    mine = StoredModelSpec.objects.get(name="my gpt")
+    assert (mine.spec["num_kv_heads"], mine.spec["activation"]) == (4, "gelu")
+    assert page.js_errors == []

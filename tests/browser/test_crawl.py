@@ -33,6 +33,8 @@ MISSING = (
     "/planning/searches/999999/",
     "/failure-patterns/no_such_kind/",
     "/clusters/999999/",
+    "/models/999999/",
+    "/hardware/999999/",
 )
 
 
@@ -90,10 +92,18 @@ def seed_objects(user) -> dict:
     assert r.status_code == 201, r.content
     job = wait_for_state(r.json()["id"], {"succeeded", "failed"})
     assert job.state == "succeeded", job.log_tail[-2000:]
-    from controlplane.clusters.models import Cluster
+    from controlplane.clusters.models import Cluster, HardwareProfile
+    from controlplane.planning.models import StoredModelSpec
 
-    cluster = Cluster.objects.filter(team=teams_of(user).get()).order_by("name").first()
-    return {"plan": plan["id"], "search": search.pk, "job": job.pk, "cluster": cluster.pk}
+    team = teams_of(user).get()
+    return {
+        "plan": plan["id"],
+        "search": search.pk,
+        "job": job.pk,
+        "cluster": Cluster.objects.filter(team=team).order_by("name").first().pk,
+        "model": StoredModelSpec.objects.filter(team=team).order_by("name").first().pk,
+        "profile": HardwareProfile.objects.filter(team=team).order_by("name").first().pk,
+    }
 
 
 def links_on(page) -> list[str]:
@@ -182,6 +192,12 @@ def test_every_reachable_page_stays_in_the_app(live_stack, page, make_member):
         f"/clusters/{ids['cluster']}/",
         f"/clusters/{ids['cluster']}/edit/",
         f"/clusters/{ids['cluster']}/copy/",
+        "/models/",
+        "/models/new/",
+        f"/models/{ids['model']}/",
+        "/hardware/",
+        f"/hardware/{ids['profile']}/",
+        "/planning/plans/",
     ):
         assert wanted in seen, f"no link reaches {wanted}; walked {sorted(seen)}"
     assert len(seen) < MAX_PAGES, "the walk hit its bound: some pages were never visited"

@@ -161,6 +161,11 @@ API: dict[tuple[str, str], Op] = {
         own=CREATED,
         ref=("team", lambda w, team: _model(w, team=team, name="bob's")),
     ),
+    # the model form's live check: a create's validation, nothing stored
+    ("POST", "/api/models/validate/"): Op(
+        body=lambda w: _model(w, name="checked"),
+        ref=("team", lambda w, team: _model(w, team=team, name="bob's")),
+    ),
     # a Hugging Face config.json stored as a model (the family's own keys, a tiny Llama)
     ("POST", "/api/models/from-hf-config/"): Op(
         body=lambda w: {"config": HF_CONFIG, "name": "imported"},
@@ -278,6 +283,19 @@ PAGES: dict[str, Page] = {
     "cluster-document": Page("/clusters/{cluster}/cluster.yaml", bob="404"),
     "cluster-delete": Page(
         "/clusters/{spare-cluster}/delete/", method="POST", data={"confirm": "1"}, own=302, bob="404"
+    ),
+    "plan-list": Page("/planning/plans/"),
+    "hardware-list": Page("/hardware/"),
+    "hardware-detail": Page("/hardware/{hardware-profile}/", bob="404"),
+    "hardware-compare": Page("/hardware/compare/?a={hardware-profile}&b={hardware-profile}", bob="404"),
+    "model-list": Page("/models/"),
+    "model-new": Page("/models/new/"),
+    "model-detail": Page("/models/{model}/", bob="404"),
+    "model-edit": Page("/models/{model}/edit/", bob="404"),
+    "model-copy": Page("/models/{model}/copy/", bob="404"),
+    "model-document": Page("/models/{model}/model.json", bob="404"),
+    "model-delete": Page(
+        "/models/{spare-model}/delete/", method="POST", data={"confirm": "1"}, own=302, bob="404"
     ),
     "green": Page("/green/"),
     "green-report": Page("/green/reports/{certificate}/", bob="404"),
@@ -588,6 +606,9 @@ def _page_url(page: Page, objects: dict[str, int], missing: bool = False) -> str
         "plan": "plan",
         "cluster": "cluster",
         "spare-cluster": "spare-cluster",
+        "model": "model",
+        "spare-model": "spare-model",
+        "hardware-profile": "hardware-profile",
         "token": "token",
         "pattern": "failure-pattern",
         "certificate": "certificate",
@@ -612,7 +633,14 @@ def test_every_page_is_team_scoped(world):
         people[name] = Client()
         people[name].force_login(world.users[name])
     # names only alice may see
-    secrets = ["alice secret job", "alice cluster", "alice spare token", SECRET_KIND]
+    secrets = [
+        "alice secret job",
+        "alice cluster",
+        "alice model",
+        "alice profile",
+        "alice spare token",
+        SECRET_KIND,
+    ]
     for page in PAGES.values():
         url = _page_url(page, world.objects)
 

@@ -1,7 +1,9 @@
-// The cluster form (frontend/templates/clusters/cluster_form.html): fields named by their path in cluster.json,
-// checked by the planner as the user types (POST /api/clusters/validate/: its messages go beside their field,
-// its totals and drawing into the preview), then created (POST /api/clusters/) or saved (PUT /api/clusters/<id>/).
-import { csrfToken, errorLines, failureLines, formatNumber, h, requestJSON, showErrorLines } from "./common.js";
+// The cluster form (frontend/templates/clusters/cluster_form.html), on the shared document form
+// (document_form.js): the device's peak as "dtype=TFLOP/s" pairs, the switch tiers as rows, and three
+// starting points (a hardware profile, this machine, a pasted or uploaded document); the preview is the
+// planner's totals and the drawing of the cluster page.
+import { formatNumber, h } from "./common.js";
+import { documentForm, documentToFields, fieldsToDocument, value } from "./document_form.js";
 import { drawTopology } from "./topology.js";
 
 const data = JSON.parse(document.getElementById("cluster-form-data").textContent);
@@ -9,11 +11,7 @@ const form = document.getElementById("cluster-form");
 const tierRows = document.querySelector("#tier-rows tbody");
 const NUMBERS = new Set(["num_nodes", "devices_per_node", "device.memory_GiB", "device.memory_bandwidth_GBps",
   "device.tdp_watts", "intra_node.bandwidth_GBps", "intra_node.latency_us", "inter_node.bandwidth_GBps", "inter_node.latency_us"]);
-
-// ------------------------------------------------------------------------------ document <-> form
-
-// a typed number, or the text as typed (the planner then names the field: "must be a number, got 'abc'")
-const value = (text) => (text.trim() !== "" && Number.isFinite(Number(text)) ? Number(text) : text.trim());
+const isTier = (name) => name.startsWith("tiers[");
 
 function parsePeak(text) {
   const out = {};
@@ -24,12 +22,13 @@ function parsePeak(text) {
   }
   return out;
 }
+const showPeak = (v) => (v && typeof v === "object" ? Object.entries(v).map(([k, x]) => `${k}=${x}`).join(", ") : v);
 
 function addTier(tier = {}) {
   const i = tierRows.children.length;
   const cell = (key, v, mode) => h("td", {}, h("input", { name: `tiers[${i}].${key}`, value: v ?? "", inputmode: mode }),
                                    h("span", { class: "field-error", dataset: { for: `tiers[${i}].${key}` } }));
-  const remove = h("button", { type: "button", class: "link", onclick: () => { row.remove(); renumber(); check(); } }, "remove");
+  const remove = h("button", { type: "button", class: "link", onclick: () => { row.remove(); renumber(); checker.check(); } }, "remove");
   const row = h("tr", {}, cell("name", tier.name), cell("nodes", tier.nodes, "numeric"),
                 cell("oversubscription", tier.oversubscription ?? 1, "decimal"), h("td", {}, remove));
   tierRows.append(row);
@@ -42,16 +41,8 @@ function renumber() {
   });
 }
 
-function documentOfForm() {
-  const doc = {};
-  for (const el of form.querySelectorAll("input[name]")) {
-    if (el.name.startsWith("tiers[") || el.value.trim() === "") continue;
-    const path = el.name.split(".");
-    const v = el.name === "device.peak_tflops" ? parsePeak(el.value) : NUMBERS.has(el.name) ? value(el.value) : el.value.trim();
-    let at = doc;
-    for (const key of path.slice(0, -1)) at = at[key] ??= {};
-    at[path.at(-1)] = v;
-  }
+function toDocument() {
+  const doc = fieldsToDocument(form, { numbers: NUMBERS, skip: isTier, convert: { "device.peak_tflops": parsePeak } });
   doc.tiers = [...tierRows.children].map((row) => {
     const t = {};
     for (const el of row.querySelectorAll("input[name]")) {
@@ -63,42 +54,13 @@ function documentOfForm() {
   return doc;
 }
 
-function fillForm(doc) {
-  for (const el of form.querySelectorAll("input[name]")) {
-    if (el.name.startsWith("tiers[")) continue;
-    let v = doc;
-    for (const key of el.name.split(".")) v = v == null ? undefined : v[key];
-    if (el.name === "device.peak_tflops" && v && typeof v === "object") v = Object.entries(v).map(([k, x]) => `${k}=${x}`).join(", ");
-    el.value = v ?? "";
-  }
+function fill(doc) {
+  documentToFields(form, doc, { skip: isTier, show: { "device.peak_tflops": showPeak } });
   tierRows.replaceChildren();
   for (const t of Array.isArray(doc.tiers) ? doc.tiers : []) addTier(t);
 }
 
-function body() {
-  const doc = documentOfForm();
-  if (!data.id && form.elements.team.value) doc.team = form.elements.team.value;
-  return doc;
-}
-
-// ------------------------------------------------------------------------------ checking
-
-function showErrors(errors) {
-  for (const el of form.querySelectorAll(".field-error")) el.textContent = "";
-  const unplaced = [];
-  const targets = [...form.querySelectorAll(".field-error")].map((el) => [el.dataset.for, el]);
-  for (const [field, messages] of Object.entries(errors || {})) {
-    const lines = errorLines(messages);
-    // the field itself, else the closest field it sits in (device.peak_tflops.bf16 -> device.peak_tflops)
-    const hit = targets.filter(([path]) => field === path || field.startsWith(`${path}.`) || field.startsWith(`${path}[`))
-      .sort((a, b) => b[0].length - a[0].length)[0];
-    if (hit) hit[1].textContent = (hit[1].textContent ? `${hit[1].textContent}; ` : "") + lines.join("; ");
-    else unplaced.push(...lines.map((l) => (field === "non_field_errors" || field === "detail" ? l : `${field}: ${l}`)));
-  }
-  showErrorLines(document.getElementById("form-errors"), unplaced);
-}
-
-function showPreview(figures, drawing) {
+function onChecked({ figures, drawing }) {
   const peak = Object.entries(figures.peak_tflops).map(([k, v]) => `${formatNumber(v)} TFLOP/s ${k}`).join(" · ");
   document.getElementById("preview-figures").replaceChildren(
     h("div", {}, h("span", { class: "muted" }, "Devices "), h("strong", {}, String(figures.devices)), ` (${figures.nodes} × ${figures.devices_per_node})`),
@@ -108,39 +70,8 @@ function showPreview(figures, drawing) {
   drawTopology(document.getElementById("topology-drawing"), drawing);
 }
 
-const checkUrl = `/api/clusters/validate/${data.id ? `?id=${data.id}` : ""}`;
-const state = document.getElementById("check-state");
-let pending = null, latest = 0;
-
-async function check() {
-  const mine = ++latest;
-  state.textContent = "checking…";
-  const r = await requestJSON("POST", checkUrl, body());
-  if (mine !== latest) return null;  // a newer check is on its way
-  if (r.ok) {
-    showErrors({});
-    showPreview(r.body.figures, r.body.drawing);
-    state.textContent = "the planner reads it";
-  } else {
-    showErrors(r.status === 400 ? r.body : { detail: failureLines(r, "the check failed") });
-    state.textContent = r.status === 400 ? "see the fields marked" : "";
-  }
-  return r;
-}
-
-form.addEventListener("input", () => { clearTimeout(pending); pending = setTimeout(check, 300); });
-document.getElementById("add-tier").addEventListener("click", () => { addTier(); check(); });
-
-form.addEventListener("submit", async (ev) => {
-  ev.preventDefault();
-  clearTimeout(pending);
-  const r = await requestJSON(data.id ? "PUT" : "POST", data.id ? `/api/clusters/${data.id}/` : "/api/clusters/", body());
-  if (r.ok) { location.href = `/clusters/${r.body.id}/`; return; }
-  showErrors(r.status === 400 ? r.body : { detail: failureLines(r, "the cluster was not saved") });
-  state.textContent = "not saved: see the fields marked";
-});
-
-// ------------------------------------------------------------------------------ starting points
+const checker = documentForm({ form, kind: "clusters", id: data.id, teams: data.teams, toDocument, fill, onChecked });
+document.getElementById("add-tier").addEventListener("click", () => { addTier(); checker.check(); });
 
 const profiles = document.getElementById("start-profile");
 for (const p of data.profiles) profiles.append(h("option", { value: p.name }, p.name));
@@ -149,58 +80,22 @@ profiles.addEventListener("change", () => {
   if (!p) return;
   const s = p.spec, set = (name, v) => { if (v != null) form.elements[name].value = v; };
   set("device.name", s.name || p.name);
-  if (s.peak_tflops) set("device.peak_tflops", Object.entries(s.peak_tflops).map(([k, x]) => `${k}=${x}`).join(", "));
+  set("device.peak_tflops", showPeak(s.peak_tflops));
   set("device.memory_GiB", s.memory_GiB);
   set("device.memory_bandwidth_GBps", s.memory_bandwidth_GBps);
   set("device.tdp_watts", s.tdp_watts);
   set("devices_per_node", s.devices_per_node);
   set("intra_node.bandwidth_GBps", s.scale_up_GBps_per_direction);
   document.getElementById("start-note").textContent = `device figures from the profile ${p.name}`;
-  check();
+  checker.check();
 });
 
 document.getElementById("start-this-machine").addEventListener("click", () => {
-  fillForm({ ...data.this_machine.document, name: form.elements.name.value || data.this_machine.document.name });
+  fill({ ...data.this_machine.document, name: form.elements.name.value || data.this_machine.document.name });
   document.getElementById("start-note").textContent = `this machine: ${data.this_machine.origin}`;
-  check();
+  checker.check();
 });
 
-// a pasted or uploaded document: JSON fills the form as it is (the check then marks its fields); YAML is read
-// by the API's own parser (its YAML errors, or the planner's, listed under the text)
-async function loadDocument() {
-  const text = document.getElementById("document-text").value;
-  const errors = document.getElementById("document-errors");
-  let doc = null;
-  try { doc = JSON.parse(text); } catch { /* YAML, or not a document: the API says which */ }
-  if (doc === null) {
-    let r;
-    try {
-      r = await fetch(checkUrl, { method: "POST", credentials: "same-origin", body: text,
-                                  headers: { "Content-Type": "application/yaml", Accept: "application/json", "X-CSRFToken": csrfToken() } });
-    } catch { showErrorLines(errors, ["the check failed (no answer)"]); return; }
-    const answer = await r.json().catch(() => null);
-    if (!r.ok) { showErrorLines(errors, failureLines({ status: r.status, body: answer }, "the document was not read")); return; }
-    doc = answer.document;
-  }
-  if (typeof doc !== "object" || Array.isArray(doc)) { showErrorLines(errors, ["a cluster.json is one object {name, num_nodes, …}"]); return; }
-  showErrorLines(errors, []);
-  fillForm(data.id ? { ...doc, name: doc.name ?? form.elements.name.value } : doc);
-  check();
-}
-document.getElementById("load-document").addEventListener("click", loadDocument);
-document.getElementById("document-file").addEventListener("change", async (ev) => {
-  const file = ev.target.files[0];
-  if (!file) return;
-  document.getElementById("document-text").value = await file.text();
-  loadDocument();
-});
-
-// ------------------------------------------------------------------------------ start
-
-if (data.teams.length > 1 && !data.id) {
-  document.getElementById("team-field").hidden = false;
-  for (const t of data.teams) form.elements.team.append(h("option", { value: t.slug }, t.name));
-}
-fillForm(data.document);
-if (Object.keys(data.document).length) check();
+fill(data.document);
+if (Object.keys(data.document).length) checker.check();
 form.dataset.ready = "1";  // filled: what the user types from here on is kept

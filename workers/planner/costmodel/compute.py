@@ -4,12 +4,17 @@ computing one micro-batch (communication left out), the runtime's host-side cost
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..hardware import Efficiency
 from .collectives import all_reduce_time
 from .layouts import Layouts, layer_passes, recompute_flags
 from .placement import GroupLinks
+
+if TYPE_CHECKING:
+    from ..specs import ModelSpec
 
 
 def gemm_efficiency(eff: Efficiency, m, n, k) -> np.ndarray:
@@ -25,6 +30,31 @@ def gemm_time(eff: Efficiency, peak_flops: float, count, m, n, k) -> np.ndarray:
     return count * 2.0 * m * n * k / (peak_flops * gemm_efficiency(eff, m, n, k))
 
 
+def forward_flops_per_sequence(m: ModelSpec) -> dict[str, float]:
+    """Forward FLOPs of one sequence through the whole model (2 FLOPs per multiply-add), by part:
+    ``layers`` (GEMMs incl. the s^2 attention term), ``core`` (the attention-score part of it) and
+    ``logits``. Narayanan et al. SC'21 eq. (3) for dense GPT: 24 s h^2 + 4 s^2 h per layer, 2 s h V. The cost
+    model's and the model page's one formula."""
+    s, h, hd, q = m.seq_length, m.hidden_size, m.head_dim, m.q_width
+    mats = 3 if m.gated else 2
+    n_moe = m.num_moe_layers
+    kvd = m.num_kv_heads * hd
+    qkv = 2 * s * h * (q + 2 * kvd)
+    core = 2 * 2 * s * s * q  # QK^T and attention-over-V
+    proj = 2 * s * q * h
+    dense_mlp = 2 * s * h * m.ffn_hidden_size * mats
+    layers = m.num_layers * (qkv + core + proj) + (m.num_layers - n_moe) * dense_mlp
+    if m.moe:
+        fe = m.moe.expert_ffn_hidden_size
+        # top-k routed experts plus shared experts and the router (Fedus et al. 2022; activated params)
+        per_token = (
+            2 * h * mats * (fe * m.moe.top_k + m.moe.shared_ffn_hidden_size) + 2 * h * m.moe.num_experts
+        )
+        layers += n_moe * s * per_token
+    logits = 2 * s * h * m.vocab_size
+    return {"layers": float(layers), "core": float(m.num_layers * core), "logits": float(logits)}
+
+
 class ComputeCosts:
     """The compute terms of :class:`~.step.CostModel` (a mixin: it reads what ``CostModel.__init__`` sets,
     the model, training, efficiency, peak FLOP/s, memory bandwidth and byte sizes, and the step's
@@ -32,27 +62,8 @@ class ComputeCosts:
 
     # ---------------------------------------------------------------- FLOPs
     def forward_flops_per_sequence(self) -> dict[str, float]:
-        """Forward FLOPs of one sequence through the whole model (2 FLOPs per multiply-add), by part:
-        ``layers`` (GEMMs incl. the s^2 attention term), ``core`` (the attention-score part of it) and
-        ``logits``. Narayanan et al. SC'21 eq. (3) for dense GPT: 24 s h^2 + 4 s^2 h per layer, 2 s h V."""
-        m = self.model
-        s, h, hd, q = m.seq_length, m.hidden_size, m.head_dim, m.q_width
-        kvd = m.num_kv_heads * hd
-        qkv = 2 * s * h * (q + 2 * kvd)
-        core = 2 * 2 * s * s * q  # QK^T and attention-over-V
-        proj = 2 * s * q * h
-        dense_mlp = 2 * s * h * m.ffn_hidden_size * self.mats
-        layers = m.num_layers * (qkv + core + proj) + self.n_dense * dense_mlp
-        if m.moe:
-            fe = m.moe.expert_ffn_hidden_size
-            # top-k routed experts plus shared experts and the router (Fedus et al. 2022; activated params)
-            per_token = (
-                2 * h * self.mats * (fe * m.moe.top_k + m.moe.shared_ffn_hidden_size)
-                + 2 * h * m.moe.num_experts
-            )
-            layers += self.n_moe * s * per_token
-        logits = 2 * s * h * m.vocab_size
-        return {"layers": float(layers), "core": float(m.num_layers * core), "logits": float(logits)}
+        """Forward FLOPs of one sequence through the whole model: :func:`forward_flops_per_sequence`."""
+        return forward_flops_per_sequence(self.model)
 
     # ---------------------------------------------------------------- time
     def _layer_gemm_times(self, L: Layouts) -> dict[str, np.ndarray]:
