@@ -347,6 +347,16 @@ def alice_api(alice, api_client):
 
 
 @pytest.fixture
+def alice_pages(alice):
+    """The pages as alice: a Django test client signed in as her."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
 def token_for():
     from controlplane.accounts.services import token_issue
 

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tests.browser.test_crawl import log_in, wait_search
+from tests.integration.test_authorization_matrix import HF_CONFIG
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser, pytest.mark.slow]
 
@@ -134,21 +135,6 @@ def test_a_cluster_made_in_the_form_is_drawn_searched_on_and_edited_without_movi
     assert page.js_errors == []
 
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
-
-
 def test_a_model_imported_from_a_config_json_and_one_made_in_the_form(
     live_stack, page, make_member, tmp_path
 ):
@@ -165,7 +151,7 @@ def test_a_model_imported_from_a_config_json_and_one_made_in_the_form(
     page.wait_for_selector("#model-form[data-ready='1']")
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY_LLAMA))
+    config.write_text(json.dumps(HF_CONFIG))
     page.set_input_files("#hf-file", str(config))
     page.fill("#hf-form input[name=name]", "tiny llama")
     page.click("#hf-import-button")

@@ -18,24 +18,17 @@ from workers.planner.examples import contract
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def pages(alice):
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 def superpod(name="superpod", **changes) -> dict:
     return {**copy.deepcopy(contract("cluster.json")), "name": name, **changes}
 
 
-def test_the_list_and_a_clusters_page_show_its_totals_and_drawing(alice_api, pages):
+def test_the_list_and_a_clusters_page_show_its_totals_and_drawing(alice_api, alice_pages):
     r = alice_api.post("/api/clusters/", superpod(), format="json")
     assert r.status_code == 201, r.content
     pk = r.json()["id"]
-    listing = pages.get("/clusters/").content.decode()
+    listing = alice_pages.get("/clusters/").content.decode()
     assert f'href="/clusters/{pk}/"' in listing and "38,400 GB/s" in listing  # 1,536 devices x 25 GB/s
-    page = pages.get(f"/clusters/{pk}/")
+    page = alice_pages.get(f"/clusters/{pk}/")
     assert page.status_code == 200
     data = page.context["drawing"]
     assert any(b["label"] == "+17 more nodes" for b in data["boxes"])
@@ -46,7 +39,7 @@ def test_the_list_and_a_clusters_page_show_its_totals_and_drawing(alice_api, pag
     assert rows["peak_tflops.bf16"]["value"] == 312 and "Narayanan" in rows["peak_tflops.bf16"]["source"]
     assert page.context["device"]["origin"] == "data/hardware_profiles.json"
     # downloads round-trip through the API unchanged
-    exported = yaml.safe_load(pages.get(f"/clusters/{pk}/cluster.yaml").content)
+    exported = yaml.safe_load(alice_pages.get(f"/clusters/{pk}/cluster.yaml").content)
     assert exported == superpod()
 
 
@@ -73,7 +66,7 @@ def test_the_live_check_answers_the_planners_messages_per_field(alice_api):
     assert r.status_code == 200 and r.json()["document"]["name"] == "from yaml"
 
 
-def test_editing_a_cluster_leaves_its_plans_reproducible(alice, alice_api, pages):
+def test_editing_a_cluster_leaves_its_plans_reproducible(alice, alice_api, alice_pages):
     from controlplane.clusters.models import Cluster
     from controlplane.planning.models import StoredPlan
 
@@ -81,7 +74,7 @@ def test_editing_a_cluster_leaves_its_plans_reproducible(alice, alice_api, pages
     row = StoredPlan.objects.get(pk=plan["id"])
     cluster = Cluster.objects.create(team=row.team, name=row.cluster_doc["name"], spec=row.cluster_doc)
     StoredPlan.objects.filter(pk=row.pk).update(cluster=cluster)
-    before = pages.get(f"/planning/plans/{row.pk}/").context["data"]["reproduced"]
+    before = alice_pages.get(f"/planning/plans/{row.pk}/").context["data"]["reproduced"]
     assert before["difference_text"] == "the same"
 
     doc = {**cluster.spec, "inter_node": {**cluster.spec["inter_node"], "bandwidth_GBps": 1.0}}
@@ -92,12 +85,12 @@ def test_editing_a_cluster_leaves_its_plans_reproducible(alice, alice_api, pages
     r = alice_api.put(f"/api/clusters/{cluster.pk}/", doc, format="json")
     assert r.status_code == 200, r.content
 
-    page = pages.get(f"/planning/plans/{row.pk}/")
+    page = alice_pages.get(f"/planning/plans/{row.pk}/")
     data = page.context["data"]
     assert data["cluster_row"] == {"id": cluster.pk, "name": cluster.name, "changed_since": True}
     assert data["reproduced"]["step_time_s"] == pytest.approx(row.predicted["step_time_s"])
     assert 'id="plan-cluster-changed"' in page.content.decode()
-    listed = pages.get(f"/clusters/{cluster.pk}/").context["plans"]
+    listed = alice_pages.get(f"/clusters/{cluster.pk}/").context["plans"]
     assert [(p["plan"].pk, p["planned_on_earlier"]) for p in listed] == [(row.pk, True)]
     # a new evaluation on the edited cluster is slower: the edit applies to new plans
     again = APIClient()
@@ -110,7 +103,7 @@ def test_editing_a_cluster_leaves_its_plans_reproducible(alice, alice_api, pages
     assert evaluated.json()["plan"]["predicted"]["step_time_s"] > row.predicted["step_time_s"]
 
 
-def test_delete_asks_first_and_plans_keep_their_document(alice_api, pages):
+def test_delete_asks_first_and_plans_keep_their_document(alice_api, alice_pages):
     from controlplane.clusters.models import Cluster
     from controlplane.planning.models import StoredPlan
 
@@ -118,9 +111,9 @@ def test_delete_asks_first_and_plans_keep_their_document(alice_api, pages):
     row = StoredPlan.objects.get(pk=plan["id"])
     cluster = Cluster.objects.create(team=row.team, name="to delete", spec=row.cluster_doc)
     StoredPlan.objects.filter(pk=row.pk).update(cluster=cluster)
-    assert pages.post(f"/clusters/{cluster.pk}/delete/").status_code == 302
+    assert alice_pages.post(f"/clusters/{cluster.pk}/delete/").status_code == 302
     assert Cluster.objects.filter(pk=cluster.pk).exists()  # not without "I mean it"
-    r = pages.post(f"/clusters/{cluster.pk}/delete/", {"confirm": "1"}, follow=True)
+    r = alice_pages.post(f"/clusters/{cluster.pk}/delete/", {"confirm": "1"}, follow=True)
     assert "1 plan(s) planned on it keep the document" in r.content.decode()
     assert not Cluster.objects.filter(pk=cluster.pk).exists()
     row.refresh_from_db()
@@ -142,9 +135,9 @@ def test_another_teams_cluster_is_a_404_on_every_page(alice_api, bob):
     assert "superpod" not in theirs.get("/clusters/").content.decode()
 
 
-def test_a_copy_starts_from_the_document_under_a_free_name(alice_api, pages):
+def test_a_copy_starts_from_the_document_under_a_free_name(alice_api, alice_pages):
     pk = alice_api.post("/api/clusters/", superpod(), format="json").json()["id"]
     alice_api.post("/api/clusters/", superpod(name="superpod (copy)"), format="json")
-    data = pages.get(f"/clusters/{pk}/copy/").context["form_data"]
+    data = alice_pages.get(f"/clusters/{pk}/copy/").context["form_data"]
     assert data["document"]["name"] == "superpod (copy 2)" and data["id"] is None
     assert data["document"]["tiers"] == superpod()["tiers"]
