@@ -192,8 +192,26 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
             samples.append(time.perf_counter() - t0)
         return statistics.median(samples)
 
+    def timed_in_turn(fns: dict[str, object], n: int) -> dict[str, float]:
+        """Median seconds of each of ``fns``, sampled in turn (one of each per round, ``n`` rounds): a burst
+        of other work on the machine lands on every configuration alike instead of on one's whole series.
+        Measured one after the other, a 3-layer probe once came out no slower than the 1-layer one under the
+        long tier's other tests (CI ci6: a layer pass of 0 s)."""
+        for fn in fns.values():
+            for _ in range(3):
+                fn()
+        dist.barrier()
+        samples: dict[str, list[float]] = {key: [] for key in fns}
+        for _ in range(n):
+            for key, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                samples[key].append(time.perf_counter() - t0)
+        return {key: statistics.median(v) for key, v in samples.items()}
+
     results: dict[str, float] = {}
     for kind in ("plain", "tp", "ddp"):
+        probes = {}
         for layers in PROBE_LAYERS:
             model = Transformer.build(ModelSpec.from_dict({**PROBE_MODEL, "num_layers": layers}), 0)
             if kind == "tp":
@@ -217,18 +235,30 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # as the trainer: the next backward allocates them
 
-            for batch in PROBE_BATCHES:
-                results[f"{kind}_pass_b{batch}_{layers}"] = timed(lambda b=batch: passes(batch=b), repeat)
-            if kind == "ddp":
-                continue  # its step is the plain one
+            probes[layers] = (passes, step_work)
+        # the passes at both depths and both batches in turn: the per-layer slopes come from one stretch of time
+        results.update(
+            timed_in_turn(
+                {
+                    f"{kind}_pass_b{batch}_{layers}": (lambda p=passes, b=batch: p(batch=b))
+                    for layers, (passes, _step) in probes.items()
+                    for batch in PROBE_BATCHES
+                },
+                repeat,
+            )
+        )
+        if kind == "ddp":
+            continue  # its step is the plain one
+        for layers, (passes, step_work) in probes.items():
             # the step's work after an untimed backward, as in training (fresh gradients)
             results[f"{kind}_step_{layers}"] = timed(step_work, repeat, setup=passes)
+        probes = None
     small = torch.zeros(5, dtype=torch.float64)
     results["step_collective"] = timed(lambda: dist.all_reduce(small), 2 * repeat)
     # the last DDP module (its reducer holds the group) goes before the group does: left to the
     # interpreter's exit after destroy_process_group, a rank once died of "terminate called without an
     # active exception" (SIGABRT) and failed the calibration after its figures were written
-    model = params = optimizer = passes = step_work = None  # (the closures hold them as defaults)
+    model = params = optimizer = passes = step_work = probes = None  # (the closures hold them as defaults)
     import gc
 
     gc.collect()
@@ -367,7 +397,7 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
     }
     if framework is not None:
         how = (
-            f"{src}; both processes at once, median of {10 if quick else 40}; a probe of the runtime's own "
+            f"{src}; both processes at once, median of {10 if quick else 40} (the four passes of a layout in turn); a probe of the runtime's own "
             f"Transformer (hidden {PROBE_MODEL['hidden_size']}, {PROBE_MODEL['seq_length']} tokens) at "
             f"{PROBE_LAYERS[0]} and {PROBE_LAYERS[1]} layers and {PROBE_BATCHES[0]} and {PROBE_BATCHES[1]} "
             "sequences: slope per layer, intercept for the rest, extrapolated to no tokens"
