@@ -76,29 +76,29 @@ def device_sources(cluster: Cluster) -> dict:
     }
 
 
-def cluster_usage(cluster: Cluster) -> dict:
-    """The plans of the cluster's team planned on it, best first within each search (a search's ranked
-    plans, and plans imported or measured; a search's other Pareto points are on its page), each marked
-    ``planned_on_earlier`` when the cluster changed since (a plan keeps the document it was planned on);
-    the searches run on it and the jobs launched from those plans. The plans and jobs are read through the
-    rows' reverse relations (``StoredPlan.cluster``, ``TrainingJob.source_plan``): the planning and jobs
-    apps stand above this one."""
-    shown = cluster.plans.filter(team_id=cluster.team_id).filter(Q(rank__isnull=False) | ~Q(source="search"))
+def plans_and_jobs(row, document: str) -> dict:
+    """The plans of ``row``'s team planned on it (a cluster or a model: ``row.plans``), best first within
+    each search (a search's ranked plans, and plans imported or measured; a search's other Pareto points are
+    on its page), each marked ``planned_on_earlier`` when the row changed since (a plan keeps the document it
+    was planned on, its ``document`` field: ``cluster_doc`` or ``model_doc``); the searches run on it and the
+    jobs launched from those plans. Read through the rows' reverse relations (``StoredPlan.cluster`` /
+    ``model_spec``, ``TrainingJob.source_plan``): the planning and jobs apps stand above this one."""
+    shown = row.plans.filter(team_id=row.team_id).filter(Q(rank__isnull=False) | ~Q(source="search"))
     plans = list(
         shown.prefetch_related("jobs").order_by(F("search_id").desc(nulls_last=True), "rank", "-created_at")[
             :50
         ]
     )
     jobs = sorted(
-        {job for plan in plans for job in plan.jobs.all() if job.team_id == cluster.team_id},
+        {job for plan in plans for job in plan.jobs.all() if job.team_id == row.team_id},
         key=lambda j: j.created_at,
         reverse=True,
     )
     return {
-        "plans": [{"plan": p, "planned_on_earlier": p.cluster_doc != cluster.spec} for p in plans],
+        "plans": [{"plan": p, "planned_on_earlier": getattr(p, document) != row.spec} for p in plans],
         "plan_count": shown.count(),
         "jobs": jobs[:50],
-        "searches": cluster.searches.filter(team_id=cluster.team_id).order_by("-created_at")[:20],
+        "searches": row.searches.filter(team_id=row.team_id).order_by("-created_at")[:20],
     }
 
 
@@ -110,14 +110,14 @@ def cluster_page_data(cluster: Cluster) -> dict:
     try:
         spec = ClusterSpec.from_dict(cluster.spec)
     except SpecError as exc:
-        return {"cluster": cluster, "error": str(exc), **cluster_usage(cluster)}
+        return {"cluster": cluster, "error": str(exc), **plans_and_jobs(cluster, "cluster_doc")}
     return {
         "cluster": cluster,
         "spec": spec,
         "figures": cluster_figures(spec),
         "drawing": topology_drawing(spec),
         "device": device_sources(cluster),
-        **cluster_usage(cluster),
+        **plans_and_jobs(cluster, "cluster_doc"),
     }
 
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 
 from django.conf import settings
-from django.db.models import F, Q, QuerySet
+from django.db.models import Q, QuerySet
 from rest_framework.exceptions import ValidationError
 
 from controlplane.accounts.selectors import scoped, teams_of
@@ -432,24 +432,10 @@ def model_page_data(model: StoredModelSpec) -> dict:
     """What a model's page shows: its architecture, parameters by part and FLOPs per token
     (``workers.planner.model_summary``), the plans and searches on it (each plan keeps the document it was
     planned on: ``planned_on_earlier`` when the model changed since) and the jobs run from those plans."""
+    from controlplane.clusters.selectors import plans_and_jobs
     from workers.planner.model_summary import model_figures
 
-    shown = model.plans.filter(team_id=model.team_id).filter(Q(rank__isnull=False) | ~Q(source="search"))
-    plans = list(
-        shown.prefetch_related("jobs").order_by(F("search_id").desc(nulls_last=True), "rank", "-created_at")[
-            :50
-        ]
-    )
-    jobs = sorted(
-        {j for p in plans for j in p.jobs.all() if j.team_id == model.team_id}, key=lambda j: j.created_at
-    )
-    usage = {
-        "model": model,
-        "plans": [{"plan": p, "planned_on_earlier": p.model_doc != model.spec} for p in plans],
-        "plan_count": shown.count(),
-        "searches": model.searches.filter(team_id=model.team_id).order_by("-created_at")[:20],
-        "jobs": jobs[::-1][:50],
-    }
+    usage = {"model": model, **plans_and_jobs(model, "model_doc")}
     try:
         spec = planner.ModelSpec.from_dict(model.spec)
     except planner.SpecError as exc:
