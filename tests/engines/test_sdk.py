@@ -19,7 +19,12 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sdk" / "ddp_loop.py"
-BIGGER = ["--batch", "16", "--seq", "64"]  # steps of ~0.1 s here: a kill at step 12 lands mid-run
+# Steps of ~75 ms here (2026-12-06, 2 ranks, quiet: 72 ms the DDP loop, 82 ms the Lightning module), so that
+# a kill at step 12 lands mid-run: the injector fires from outside, when the watch (a poll every 0.25 s) reads
+# step 12 in a progress file rewritten at most every 0.25 s, which can take the better part of a second on
+# a loaded machine. With batch 16 (11 ms steps, 40 in 0.5 s) the kill came after step 40 in CI, while the
+# run was ending: nothing left to recover (ci11, the Lightning test's fault without resumed_from_step).
+BIGGER = ["--batch", "256", "--seq", "64"]
 
 
 def _python(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
