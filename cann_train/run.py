@@ -156,6 +156,11 @@ class Run:
 
     def __init__(self, config: dict, *, directory: Path, local: bool, process_group: bool = True):
         from workers.training.supervision import progress as progress_mod
+        from workers.training.supervision.background import (
+            BackgroundCalls,
+            DeferredProgress,
+            DeferredStepTimes,
+        )
         from workers.training.supervision.snapshot_now import SnapshotRequests
         from workers.training.supervision.step_times import StepTimesWriter
         from workers.training.supervision.stop_now import StopRequests
@@ -206,11 +211,16 @@ class Run:
             else None
         )
         self.restart = progress_mod.restart_count()
-        self.progress = progress_mod.ProgressWriter.from_env(self.rank)
-        if self.progress is not None:
-            self.progress.update("starting")
-            self.progress.event("start", t=progress_mod.process_start_unix())
-        self.step_times = StepTimesWriter.from_env(self.rank, restart=self.restart)
+        progress = progress_mod.ProgressWriter.from_env(self.rank)
+        if progress is not None:
+            progress.update("starting")
+            progress.event("start", t=progress_mod.process_start_unix())
+        # from here the progress file, the timeline, the step-times line and a local run's events are written
+        # on a thread of their own, in order (background.py says why and what a kill can lose)
+        self._writes = BackgroundCalls()
+        self.progress = DeferredProgress(progress, self._writes) if progress is not None else None
+        step_times = StepTimesWriter.from_env(self.rank, restart=self.restart)
+        self.step_times = DeferredStepTimes(step_times, self._writes) if step_times is not None else None
         self._snapshot_requests = SnapshotRequests.from_env() if self.local_rank == 0 else None
         self._stop_requests = StopRequests.from_env() if self.local_rank == 0 else None
         self._group = self._snapshot_group = None
@@ -271,7 +281,7 @@ class Run:
         if self.rank != 0:
             return NullPublisher()
         if self.local:
-            return state_mod.FilePublisher(self.directory / "events.jsonl")
+            return state_mod.FilePublisher(self.directory / "events.jsonl", self._writes)
         if self.job_id and config.get("redis_url") and config.get("publish", True):
             return EventPublisher(config["redis_url"], self.job_id)
         return NullPublisher()
@@ -504,6 +514,8 @@ class Run:
         (verified, atomic, a full snapshot every ``snapshot_full_every``, XOR deltas between) goes on in the
         background and its stall is left out of the step time."""
         t0 = time.perf_counter()
+        # the lines of every step this snapshot covers on disk before it can become a resume point
+        self._writes.flush()
         manager = self._manager()
         manager.poll()
         previous = manager.records[-1].step if manager.records else None
@@ -599,11 +611,13 @@ class Run:
             self.step_times.close()
         if self.progress is not None:
             self.progress.close()
+        self._writes.close()
 
     def _at_exit(self) -> None:
         try:
             self._exit()
         finally:
+            self._writes.close()  # what is queued reaches its files, however the run ended
             # the group's last reference, if the script destroyed it (see __init__)
             self._default_group = None
 

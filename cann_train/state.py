@@ -106,18 +106,32 @@ def restore_rank_entries(loaded: dict, prefix: str, device: torch.device) -> Non
 
 
 class FilePublisher:
-    """A local run's events: one JSON line each in ``path`` (the live event's shape, stream ``local``)."""
+    """A local run's events: one JSON line each in ``path`` (the live event's shape, stream ``local``),
+    written on ``calls``' thread when given (``workers.training.supervision.background``), stamped when
+    submitted."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, calls=None):
         self.path = Path(path)
         self._file = self.path.open("a")
+        self._calls = calls
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         if self._file.closed:
             return
         doc = {"stream": "local", "time": now_iso(), "kind": kind, "step": step, "values": values}
+        if self._calls is not None:
+            self._calls.call(self._write, doc)
+        else:
+            self._write(doc)
+
+    def _write(self, doc: dict) -> None:
+        if self._file.closed:
+            return
         self._file.write(json.dumps(doc, default=str) + "\n")
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._calls is not None:
+            self._calls.call(self._file.close)
+        else:
+            self._file.close()

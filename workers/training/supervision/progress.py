@@ -79,8 +79,9 @@ class ProgressWriter:
         directory = os.environ.get(ENV)
         return cls(directory, rank) if directory else None
 
-    def update(self, phase: str, step: int | None = None) -> None:
-        """``phase``: ``starting`` | ``resuming`` | ``training`` | ``finishing``; ``step``: newest committed."""
+    def update(self, phase: str, step: int | None = None, *, t: float | None = None) -> None:
+        """``phase``: ``starting`` | ``resuming`` | ``training`` | ``finishing``; ``step``: newest committed;
+        ``t``: when (default now; a deferred write passes the time it was asked for)."""
         if step is not None:
             self.step = step
         doc = {
@@ -90,7 +91,7 @@ class ProgressWriter:
             "restart": self.restart,
             "phase": phase,
             "step": self.step,
-            "t": time.time(),
+            "t": time.time() if t is None else t,
         }
         self._tmp.write_text(json.dumps(doc))
         os.replace(self._tmp, self._path)

@@ -38,6 +38,8 @@ class StopRequests:
 
     def __init__(self, directory: str | Path):
         self.path = Path(directory) / REQUEST
+        self._mtime: int | None = None
+        self._doc: dict | None = None
 
     @classmethod
     def from_env(cls) -> StopRequests | None:
@@ -47,8 +49,17 @@ class StopRequests:
         return cls(directory) if directory else None
 
     def pending(self) -> dict | None:
+        """The request, if there is one: one ``stat`` per call while the file is absent or unchanged (it is
+        looked at every step), read again when its modification time changes."""
         try:
-            doc = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            mtime = self.path.stat().st_mtime_ns
+        except OSError:
+            self._mtime = self._doc = None
             return None
-        return doc if isinstance(doc, dict) else None
+        if mtime != self._mtime:
+            try:
+                doc = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                return None  # replaced or cut while read: the next call reads it again
+            self._mtime, self._doc = mtime, doc if isinstance(doc, dict) else None
+        return self._doc
