@@ -36,10 +36,12 @@ def _losses(stream: str) -> dict[int, float]:
 def _ddp_job(script: Path, **extra) -> dict:
     return {
         "name": "my ddp loop",
-        # steps of ~0.1 s here: the kill lands mid-run, well before the end
+        # steps of ~75 ms here (2 ranks alone; slower beside the uninterrupted twin): the kill, fired from
+        # outside once the watch reads step 12, lands mid-run (batch 16 gave 11 ms steps, 40 in 0.5 s:
+        # tests/engines/test_sdk.py says what that did)
         "entrypoint": {
             "script": str(script),
-            "args": ["--steps", str(STEPS), "--batch", "16", "--seq", "64"],
+            "args": ["--steps", str(STEPS), "--batch", "256", "--seq", "64"],
             "nproc_per_node": 2,
         },
         "steps": STEPS,
