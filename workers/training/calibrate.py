@@ -176,38 +176,30 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
 
-    def timed(fn, n: int, setup=None) -> float:
-        """Median seconds of ``fn``, each sample after an untimed ``setup``."""
-        for _ in range(3):
-            if setup is not None:
-                setup()
-            fn()
-        dist.barrier()
-        samples = []
-        for _ in range(n):
-            if setup is not None:
-                setup()
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
-
-    def timed_in_turn(fns: dict[str, object], n: int) -> dict[str, float]:
-        """Median seconds of each of ``fns``, sampled in turn (one of each per round, ``n`` rounds): a burst
-        of other work on the machine lands on every configuration alike instead of on one's whole series.
-        Measured one after the other, a 3-layer probe once came out no slower than the 1-layer one under the
-        long tier's other tests (CI ci6: a layer pass of 0 s)."""
+    def timed_in_turn(fns: dict[str, object], n: int, setup=None) -> dict[str, float]:
+        """Median seconds of each of ``fns``, sampled in turn (one of each per round, ``n`` rounds), each
+        sample after an untimed ``setup``: a burst of other work on the machine lands on every configuration
+        alike instead of on one's whole series. Measured one after the other, a 3-layer probe once came out
+        no slower than the 1-layer one under the long tier's other tests (CI ci6: a layer pass of 0 s)."""
         for fn in fns.values():
             for _ in range(3):
+                if setup is not None:
+                    setup()
                 fn()
         dist.barrier()
         samples: dict[str, list[float]] = {key: [] for key in fns}
         for _ in range(n):
             for key, fn in fns.items():
+                if setup is not None:
+                    setup()
                 t0 = time.perf_counter()
                 fn()
                 samples[key].append(time.perf_counter() - t0)
         return {key: statistics.median(v) for key, v in samples.items()}
+
+    def timed(fn, n: int, setup=None) -> float:
+        """Median seconds of ``fn``, each sample after an untimed ``setup``."""
+        return timed_in_turn({"": fn}, n, setup)[""]
 
     results: dict[str, float] = {}
     for kind in ("plain", "tp", "ddp"):
@@ -252,7 +244,6 @@ def _framework_worker(rank: int, world: int, port: int, repeat: int, out_path: s
         for layers, (passes, step_work) in probes.items():
             # the step's work after an untimed backward, as in training (fresh gradients)
             results[f"{kind}_step_{layers}"] = timed(step_work, repeat, setup=passes)
-        probes = None
     small = torch.zeros(5, dtype=torch.float64)
     results["step_collective"] = timed(lambda: dist.all_reduce(small), 2 * repeat)
     # the last DDP module (its reducer holds the group) goes before the group does: left to the
