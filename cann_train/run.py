@@ -515,7 +515,9 @@ class Run:
         background and its stall is left out of the step time."""
         t0 = time.perf_counter()
         # the lines of every step this snapshot covers on disk before it can become a resume point
-        self._writes.flush()
+        if not self._writes.flush():
+            print(f"cann-train: progress and event writes still queued after 10 s at the snapshot of step {step}; "
+                  "they are written after it", file=sys.stderr)  # fmt: skip
         manager = self._manager()
         manager.poll()
         previous = manager.records[-1].step if manager.records else None

@@ -107,10 +107,9 @@ def restore_rank_entries(loaded: dict, prefix: str, device: torch.device) -> Non
 
 class FilePublisher:
     """A local run's events: one JSON line each in ``path`` (the live event's shape, stream ``local``),
-    written on ``calls``' thread when given (``workers.training.supervision.background``), stamped when
-    submitted."""
+    stamped when submitted and written on ``calls``' thread (``workers.training.supervision.background``)."""
 
-    def __init__(self, path: Path, calls=None):
+    def __init__(self, path: Path, calls):
         self.path = Path(path)
         self._file = self.path.open("a")
         self._calls = calls
@@ -119,10 +118,7 @@ class FilePublisher:
         if self._file.closed:
             return
         doc = {"stream": "local", "time": now_iso(), "kind": kind, "step": step, "values": values}
-        if self._calls is not None:
-            self._calls.call(self._write, doc)
-        else:
-            self._write(doc)
+        self._calls.call(self._write, doc)
 
     def _write(self, doc: dict) -> None:
         if self._file.closed:
@@ -131,7 +127,4 @@ class FilePublisher:
         self._file.flush()
 
     def close(self) -> None:
-        if self._calls is not None:
-            self._calls.call(self._file.close)
-        else:
-            self._file.close()
+        self._calls.call(self._file.close)

@@ -58,6 +58,8 @@ class BackgroundCalls:
             self._queue.put(None)
             self._thread.join(timeout)
             self._closed = True
+        if self.failures > 1:
+            print(f"cann-train: {self.failures} progress or event writes failed in all", file=sys.stderr)
 
     def _run(self) -> None:
         while True:
