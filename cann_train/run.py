@@ -43,6 +43,10 @@ DEFAULT_LOCAL_DIR = "cann-train-run"
 PROGRESS_EVERY_S = 0.25
 """How often :meth:`Run.report` rewrites the rank's progress file (the supervisor's hang watch and fault
 injector read it; they count in seconds): a short step does not pay for a file rename each time."""
+REQUESTS_EVERY_S = 0.1
+"""How often a node's local rank 0 looks at its snapshot-now and stop requests (a ``stat`` each; under a
+busy writer thread a ``stat`` measured ~50 us, waiting for the interpreter lock on the way back). Between
+looks the step's all-reduce still runs, so every rank agrees on the step a request is acted on."""
 MESH_ORDER = ("pp", "dp", "cp", "tp")
 """The DeviceMesh's dimensions, outermost first (torchtitan's order: tensor parallelism innermost, on the
 fastest links); ``ep`` shards experts over the dp*cp ranks and is not a mesh dimension of its own."""
@@ -241,6 +245,7 @@ class Run:
         self._forced_snapshot = False
         self._stop_agreed = False
         self._asked_at: tuple[int, tuple[bool, bool]] | None = None
+        self._looked_at = float("-inf")  # perf_counter of the last look at the request files
         self._progress_at = float("-inf")
         self.history: list[dict] = []
         """This process's reported steps: ``{step, loss, step_time_s, tokens}``."""
@@ -277,13 +282,14 @@ class Run:
 
     def _publisher(self, config: dict):
         from workers.training.metrics import EventPublisher, NullPublisher
+        from workers.training.supervision.background import DeferredPublisher
 
         if self.rank != 0:
             return NullPublisher()
         if self.local:
             return state_mod.FilePublisher(self.directory / "events.jsonl", self._writes)
         if self.job_id and config.get("redis_url") and config.get("publish", True):
-            return EventPublisher(config["redis_url"], self.job_id)
+            return DeferredPublisher(EventPublisher(config["redis_url"], self.job_id), self._writes)
         return NullPublisher()
 
     def _energy(self, config: dict):
@@ -489,11 +495,16 @@ class Run:
 
     def _requests(self, step: int) -> tuple[bool, bool]:
         """(snapshot now, stop now): whether any node's supervisor asks, agreed by every rank in one small
-        all-reduce per step (local rank 0 of each node looks at its node's request files: one ``stat`` each)."""
+        all-reduce per step (local rank 0 of each node looks at its node's request files, one ``stat`` each, at
+        most every :data:`REQUESTS_EVERY_S`)."""
         if self._asked_at is not None and self._asked_at[0] == step:
             return self._asked_at[1]
-        snap = self._snapshot_requests is not None and self._snapshot_requests.pending() is not None
-        stop = self._stop_requests is not None and self._stop_requests.pending() is not None
+        snap = stop = False
+        now = time.perf_counter()
+        if now - self._looked_at >= REQUESTS_EVERY_S:
+            self._looked_at = now
+            snap = self._snapshot_requests is not None and self._snapshot_requests.pending() is not None
+            stop = self._stop_requests is not None and self._stop_requests.pending() is not None
         if self.distributed and self.progress is not None:  # watched: a supervisor may ask any node
             t = torch.tensor([int(snap), int(stop)], dtype=torch.int32)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
