@@ -243,6 +243,10 @@ CHANNEL_LAYERS = {
 }
 
 # --- auth, API ------------------------------------------------------------------------------------
+# request bodies are bounded where daphne receives them, before they are read whole (413;
+# controlplane/common/body_limit.py): a request with a token or a session cookie, and one without any credential
+MAX_REQUEST_BODY_BYTES = int(float(os.environ.get("CANN_TRAIN_MAX_BODY_MB", "64")) * 2**20)
+MAX_ANONYMOUS_BODY_BYTES = int(float(os.environ.get("CANN_TRAIN_MAX_ANONYMOUS_BODY_MB", "4")) * 2**20)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
