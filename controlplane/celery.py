@@ -27,6 +27,7 @@ from celery.signals import (
     task_postrun,
     task_prerun,
     worker_init,
+    worker_ready,
 )
 from kombu import Queue
 
@@ -157,3 +158,15 @@ def structured_worker_logs(logger=None, **_) -> None:
         handler.addFilter(LogContextFilter())
         if getattr(settings, "LOG_FORMAT", "plain") == "json":
             handler.setFormatter(JsonFormatter())
+
+
+# --- liveness: a worker says it is alive from a thread of its main process ------------------------------
+@worker_ready.connect
+def beat_while_alive(sender=None, **_) -> None:
+    """Every ``WORKER_BEAT_S`` the worker's main process writes ``cann:worker-beat:<name>`` (its queues and the
+    time; it expires after ``WORKER_BEAT_TTL_S``): ``/readyz`` judges workers by it. A ping task would wait
+    behind the tasks a busy worker runs (every slot training: "dead" to a probe that would restart it)."""
+    from controlplane.common.health import start_worker_beat
+
+    queues = sorted(sender.app.amqp.queues.consume_from) if sender is not None else []
+    start_worker_beat(getattr(sender, "hostname", None) or "worker", queues)

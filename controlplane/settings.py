@@ -329,7 +329,7 @@ X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes ask over plain HTTP from inside the network
+SECURE_REDIRECT_EXEMPT = [r"^(healthz|livez|readyz)$"]  # probes ask over plain HTTP from inside the network
 # a year (what browsers' preload lists ask for); start lower (3600) when first moving a host to TLS
 SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "0" if DEBUG else "31536000"))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)

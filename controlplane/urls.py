@@ -13,7 +13,7 @@ from controlplane.accounts.apis import MeApi, TokenListCreateApi, TokenRevokeApi
 from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
 from controlplane.common import errors
 from controlplane.common.api import IdConverter
-from controlplane.common.health import healthz
+from controlplane.common.health import healthz, livez, readyz
 from controlplane.common.middleware import csp_update
 from controlplane.dashboard.views import dashboard, green_page
 from controlplane.failures import apis as failure_pattern_apis
@@ -93,6 +93,8 @@ urlpatterns = [
     path("failure-patterns/", failure_views.failure_pattern_list, name="failure-pattern-list"),
     path("failure-patterns/<str:key>/", failure_views.failure_pattern_detail, name="failure-pattern-detail"),
     path("healthz", healthz, name="healthz"),
+    path("livez", livez, name="livez"),
+    path("readyz", readyz, name="readyz"),
     # Prometheus, for operators (every team's figures): a bearer METRICS_TOKEN, or loopback only without one
     path("metrics", metrics_view, name="metrics"),
     path("api/", include((api_patterns, "api"))),

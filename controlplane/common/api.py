@@ -53,6 +53,17 @@ def exception_handler(exc, context):
     elif isinstance(exc, UNAVAILABLE_ERRORS):
         service, detail = describe_unavailable(exc)
         return Response({"detail": f"{service} is unavailable: {detail}", "service": service}, status=503)
+    elif isinstance(exc, exceptions.ParseError) and str(exc.detail).startswith("Multipart form parse error"):
+        # DRF's words name the parser's internals ("Invalid boundary in multipart: None"): say what to send
+        return Response(
+            {
+                "detail": "The body is not a readable multipart/form-data upload ("
+                + str(exc.detail).removeprefix("Multipart form parse error - ")
+                + "): send the file as multipart/form-data with its boundary in the Content-Type header "
+                "(curl -F file=@<path> does both), or the document as JSON."
+            },
+            status=status.HTTP_400_BAD_REQUEST,
+        )
     return drf_exception_handler(exc, context)
 
 
@@ -94,6 +105,24 @@ class NameField(serializers.CharField):
         if problem := name_problem(value):
             raise serializers.ValidationError(problem)
         return value
+
+
+def stored_answer(obj, data, code: int) -> Response:
+    """The answer for a request that stored ``obj`` and sent its work to a worker: ``code`` (201 / 202), or,
+    when the broker was away at the commit (``obj.dispatch_deferred``, set by the task outbox of
+    ``controlplane.live.services.enqueue_after_commit``), 202 and a ``dispatch`` saying the work is kept and
+    goes to a worker when Redis is back: nothing to resend (a resend would store a second one)."""
+    why = getattr(obj, "dispatch_deferred", None)
+    if not why:
+        return Response(data, status=code)
+    note = {
+        "deferred": True,
+        "detail": (
+            "Stored and queued, but the broker (Redis) cannot be reached now; it is sent to a worker as soon "
+            f"as Redis is back. Do not send this request again. ({why})"
+        ),
+    }
+    return Response({**data, "dispatch": note}, status=status.HTTP_202_ACCEPTED)
 
 
 def only_team_of(user) -> Team:

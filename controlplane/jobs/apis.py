@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
@@ -20,6 +20,7 @@ from controlplane.common.api import (
     TeamField,
     TeamOwnedSerializer,
     error_response,
+    stored_answer,
 )
 from controlplane.common.documents import (
     JobConfigField,
@@ -29,6 +30,7 @@ from controlplane.common.documents import (
     StrictFieldsMixin,
     TrainingDocumentField,
 )
+from controlplane.common.models import JobState
 from controlplane.green import apis as green_apis
 from controlplane.green.certificate_apis import CertificateRowSerializer
 from controlplane.green.certificates import certificate_issue
@@ -583,6 +585,10 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def get_queryset(self):
         qs = scoped(super().get_queryset(), self.request.user)
         if state := self.request.query_params.get("state"):
+            if state not in JobState.values:  # a typo is not "no such jobs"
+                raise exceptions.ValidationError(
+                    {"state": [f"unknown state {state[:40]!r}; one of {', '.join(JobState.values)}"]}
+                )
             qs = qs.filter(state=state)
         return qs
 
@@ -612,7 +618,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data = JobCreateSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
         job = services.job_submit(user=request.user, **data.validated_data)
-        return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
+        return stored_answer(job, self.get_serializer(job).data, status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={202: TrainingJobSerializer})
     @action(detail=True, methods=["post"])
@@ -626,7 +632,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def relaunch(self, request, pk=None):
         """Launch a failed or cancelled job again (a new attempt)."""
         job = services.job_launch(job=self.get_object())
-        return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+        return stored_answer(job, self.get_serializer(job).data, status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         request=JobRestoreSerializer,
@@ -644,7 +650,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data = JobRestoreSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         job = job_restore(job=job, snapshot=data.validated_data["snapshot"])
-        return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
+        return stored_answer(job, self.get_serializer(job).data, status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         request=None,
@@ -695,7 +701,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data = CommCompareSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         comparison = comparison_create(job=job, created_by=request.user, **data.validated_data)
-        return Response(CommComparisonSerializer(comparison).data, status=status.HTTP_201_CREATED)
+        return stored_answer(comparison, CommComparisonSerializer(comparison).data, status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={202: CommComparisonSerializer})
     @action(detail=True, methods=["post"], url_path=rf"comm-compare/(?P<comparison_id>{ID_PATTERN})/cancel")

@@ -24,7 +24,7 @@ from controlplane.common.api import TooMuchQueuedWork
 from controlplane.common.models import JobState
 from controlplane.jobs.models import CommComparison, TrainingJob
 from controlplane.jobs.tasks import compare_comm
-from controlplane.live.services import publish, publish_after_commit
+from controlplane.live.services import enqueue_after_commit, note_deferred, publish, publish_after_commit
 from workers.training.comm_methods import COMPARE_METHODS
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,9 @@ def comparison_create(
                 "inter_node_gbit": inter_node_gbit,
             },
         )
-        transaction.on_commit(lambda: compare_comm.apply_async((comparison.pk,), queue="training"))
+        enqueue_after_commit(
+            compare_comm, (comparison.pk,), queue="training", on_deferred=note_deferred(comparison)
+        )
     return comparison
 
 

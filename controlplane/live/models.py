@@ -47,3 +47,23 @@ class PendingEvent(models.Model):
 
     class Meta:
         ordering = ["id"]
+
+
+class PendingTask(models.Model):
+    """A Celery task to send once its transaction commits (a transactional outbox): written in the same
+    transaction as the row it acts on (a queued job, a search), sent right after the commit and removed; while
+    the broker (Redis) is away the row stays and the relay sends it when Redis is back. So a request that
+    stored a queued job never leaves it queued forever, and never answers 503 for a job that exists."""
+
+    task = models.CharField(max_length=200)
+    args = models.JSONField(default=list)
+    queue = models.CharField(max_length=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.task}{tuple(self.args)} -> {self.queue}"

@@ -5,13 +5,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
+import kombu.exceptions
 import redis
 from django.db import connection, transaction
+from django.utils import timezone
 
 from controlplane.common.redis import redis_client
-from controlplane.live.models import PendingEvent, StreamEvent
+from controlplane.live.models import PendingEvent, PendingTask, StreamEvent
 from workers.events import EventWriter, parse_time
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,70 @@ def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: i
             log.warning("%s event on %s not published: %s", kind, stream, exc)
 
     transaction.on_commit(send)
+
+
+BROKER_ERRORS = (kombu.exceptions.OperationalError, redis.ConnectionError, redis.TimeoutError)
+"""What sending a task raises while the broker (Redis) is away."""
+
+PENDING_TASK_GRACE_S = 10.0
+"""A pending task younger than this is left to the request that wrote it (it sends it right after its commit):
+the relay sends only what that send did not."""
+
+
+def enqueue_after_commit(task, args: tuple | list, *, queue: str, on_deferred=None) -> PendingTask:
+    """Send Celery ``task`` with ``args`` to ``queue`` once the surrounding transaction commits, through a
+    transactional outbox: the :class:`PendingTask` row is written in that transaction, removed once the task
+    is sent. When the broker is away at the commit, the row stays, ``on_deferred(exc)`` is called (a request
+    then says so: 202, not 503), and the relay sends it when Redis is back (:func:`send_pending_tasks`).
+    The tasks sent so check their row's state first (a second send of one finds it moved on and skips)."""
+    row = PendingTask.objects.create(task=task.name, args=list(args), queue=queue)
+
+    def send() -> None:
+        try:
+            task.apply_async(tuple(args), queue=queue)
+        except BROKER_ERRORS as exc:
+            PendingTask.objects.filter(pk=row.pk).update(
+                attempts=1, last_error=f"{type(exc).__name__}: {exc}"
+            )
+            log.warning("broker unavailable (%s): %s kept for the relay to send", exc, row)
+            if on_deferred is not None:
+                on_deferred(exc)
+            return
+        PendingTask.objects.filter(pk=row.pk).delete()
+
+    transaction.on_commit(send)
+    return row
+
+
+def note_deferred(obj):
+    """An ``on_deferred`` for :func:`enqueue_after_commit` that marks ``obj``: ``obj.dispatch_deferred`` says why
+    (a view then answers 202 and says the work is queued for when the broker is back)."""
+
+    def note(exc: Exception) -> None:
+        obj.dispatch_deferred = f"{type(exc).__name__}: {exc}"
+
+    return note
+
+
+def send_pending_tasks(*, limit: int = 200) -> int:
+    """Send the tasks whose send after their commit failed (or never ran: the process died), oldest first
+    (the relay calls this every few seconds); each row is removed once its task is with the broker."""
+    from celery import current_app
+
+    sent = 0
+    cutoff = timezone.now() - timedelta(seconds=PENDING_TASK_GRACE_S)
+    for row in PendingTask.objects.filter(created_at__lte=cutoff)[:limit]:
+        try:
+            current_app.send_task(row.task, args=row.args, queue=row.queue)
+        except BROKER_ERRORS as exc:
+            PendingTask.objects.filter(pk=row.pk).update(
+                attempts=row.attempts + 1, last_error=f"{type(exc).__name__}: {exc}"
+            )
+            return sent  # still away: the rest waits for the next round
+        PendingTask.objects.filter(pk=row.pk).delete()
+        log.info("sent %s, kept %s while the broker was away", row, timezone.now() - row.created_at)
+        sent += 1
+    return sent
 
 
 def publish_pending_events(*, limit: int = 500) -> int:

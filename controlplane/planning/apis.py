@@ -20,6 +20,7 @@ from controlplane.common.api import (
     TeamScopedViewSet,
     error_response,
     only_team_of,
+    stored_answer,
 )
 from controlplane.common.documents import (
     PLAN_SCHEMA,
@@ -246,7 +247,7 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
             objective=d["objective"],
             constraints=d["constraints"],
         )
-        return Response(self.get_serializer(search).data, status=status.HTTP_201_CREATED)
+        return stored_answer(search, self.get_serializer(search).data, status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={202: StrategySearchSerializer})
     @action(detail=True, methods=["post"])

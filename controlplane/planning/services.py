@@ -19,7 +19,7 @@ from controlplane.clusters.models import Cluster
 from controlplane.common.api import TooMuchQueuedWork
 from controlplane.common.documents import checked
 from controlplane.common.models import JobState
-from controlplane.live.services import publish, publish_after_commit
+from controlplane.live.services import enqueue_after_commit, note_deferred, publish, publish_after_commit
 from controlplane.planning import ports
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import checked_ranking, evaluated, plan_row_fields
@@ -107,7 +107,7 @@ def search_create(
             similar_plans=[{**plan_document(p), "reevaluated": None} for p in similar],
         )
         publish_after_commit(search.stream, "event", {"state": "queued"})
-        transaction.on_commit(lambda: run_search.apply_async((search.pk,), queue="planning"))
+        enqueue_after_commit(run_search, (search.pk,), queue="planning", on_deferred=note_deferred(search))
     return search
 
 
@@ -248,7 +248,7 @@ def requeue_stalled_searches(*, now=None) -> list[int]:
             publish_after_commit(
                 row.stream, "event", {"state": "queued", "message": "its worker was lost; running it again"}
             )
-            transaction.on_commit(lambda pk=row.pk: run_search.apply_async((pk,), queue="planning"))
+            enqueue_after_commit(run_search, (row.pk,), queue="planning")
         log.warning(
             "search %s: no sign of life for %.0f s, queued again", search.pk, SEARCH_HEARTBEAT_TIMEOUT_S
         )

@@ -19,6 +19,7 @@ from controlplane.jobs.services.launchers import cancel_external, launch_attempt
 from controlplane.jobs.services.outcomes import cancelled_message, job_fail
 from controlplane.jobs.slots import slots_of, utc_text
 from controlplane.jobs.tasks import launch_job, run_node
+from controlplane.live.services import enqueue_after_commit, note_deferred
 
 # work one team may have queued or running at once (a runaway script cannot fill the workers' queues)
 MAX_ACTIVE_JOBS_PER_TEAM = int(os.environ.get("CANN_TRAIN_MAX_ACTIVE_JOBS", "20"))
@@ -98,7 +99,8 @@ def job_launch(
             values["automatic"] = True
         # on_commit callbacks run in order: the "queued" event goes out before any worker can answer
         job_event(job, values)
-        transaction.on_commit(lambda: launch_job.apply_async((job.pk, attempt), queue="training"))
+        # through the task outbox: with the broker away the job stays queued and is sent when it is back
+        enqueue_after_commit(launch_job, (job.pk, attempt), queue="training", on_deferred=note_deferred(job))
     return job
 
 
@@ -180,5 +182,5 @@ def job_fan_out(*, job_id: int, attempt: int) -> str:
             )
         job_event(job, values)
         for rank, queue in enumerate(queues):
-            transaction.on_commit(lambda r=rank, q=queue: run_node.apply_async((job_id, attempt, r), queue=q))
+            enqueue_after_commit(run_node, (job_id, attempt, rank), queue=queue)
     return f"launched on {', '.join(queues)}"

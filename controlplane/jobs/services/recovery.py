@@ -27,6 +27,7 @@ from controlplane.jobs.services.lifecycle import job_launch
 from controlplane.jobs.services.nodes import HEARTBEAT_TIMEOUT, node_alive, settle_attempt
 from controlplane.jobs.services.outcomes import job_fail
 from controlplane.jobs.tasks import run_node
+from controlplane.live.services import enqueue_after_commit
 from workers.training.config import JobConfig
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ def _grow(job_id: int, node_queues: list[str]) -> list[str]:
             JobNode.objects.create(
                 job=job, attempt=attempt, node_rank=rank, node_name=queue.removeprefix(NODE_QUEUE_PREFIX)
             )
-            transaction.on_commit(lambda r=rank, q=queue: run_node.apply_async((job_id, attempt, r), queue=q))
+            enqueue_after_commit(run_node, (job_id, attempt, rank), queue=queue)
             rank += 1
         if joining:
             names = [q.removeprefix(NODE_QUEUE_PREFIX) for q in joining]

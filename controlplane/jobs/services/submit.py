@@ -536,5 +536,5 @@ def job_create(
         if green_schedule is not None:
             job_event(job, {"state": "scheduled", "attempt": 0, "message": scheduled_message(green_schedule)})
         elif launch:
-            job_launch(job=job)
+            job = job_launch(job=job)  # its instance: a launch the broker could not take yet marks it
     return job
