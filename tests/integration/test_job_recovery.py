@@ -133,3 +133,59 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
         StreamEvent.objects.filter(stream=stream, kind="event").values_list("values__state", flat=True)
     )
     assert "recovering" in states and states[-1] == "succeeded"
+
+
+def test_a_killed_torchrun_agent_is_a_lost_worker_the_job_resumes_from(
+    recovering_stack, make_member, token_for
+):
+    """``kill -9`` of the node's torchrun agent (its ranks forked from it) used to fail the job in under a
+    second as "rank 0 failed", with snapshots and restarts left: now its ranks are stopped with it and the job
+    resumes from its newest snapshot, as after a lost worker, and succeeds."""
+    import os
+    import signal
+
+    from controlplane.jobs.models import JobNode, JobSnapshot, TrainingJob
+
+    token = token_for(make_member("erin", "Team E"))
+    body = {
+        "name": "survives its agent",
+        "model": example("tiny-dense.json"),
+        "strategy": {"dp": 2, "micro_batch_size": 2},
+        "training": {"global_batch_size": 4},
+        "steps": STEPS,
+        "device": "cpu",
+        "profile_every": 0,
+        "snapshot_every": SNAPSHOT_EVERY,
+    }
+    status, created = http("POST", recovering_stack.base_url + "/api/jobs/", token, body)
+    assert status == 201, created
+    job_id, stream = created["id"], created["stream"]
+    wait_for(lambda: len(_train(stream)) >= SNAPSHOT_EVERY + 3, 180, "the job to train past a snapshot")
+    wait_for(
+        lambda: JobSnapshot.objects.filter(job_id=job_id, step__gte=SNAPSHOT_EVERY).exists(),
+        120,
+        "a snapshot to be published",
+    )
+    agent = JobNode.objects.get(job_id=job_id, attempt=1, node_rank=0).pid
+    assert agent and processes_mentioning(f"jobs/{job_id}/attempt-1/config-node0.json")
+    os.kill(agent, signal.SIGKILL)
+
+    job = wait_for(
+        lambda: (j := TrainingJob.objects.get(pk=job_id)).attempts == 2 and j, 60, "the automatic resume"
+    )
+    assert job.config["resume"] is True
+    assert wait_for(
+        lambda: not processes_mentioning(f"jobs/{job_id}/attempt-1/"), 30, "the agent's ranks to be stopped"
+    )
+    job = wait_for(
+        lambda: (j := TrainingJob.objects.get(pk=job_id)).is_finished and j, 240, "the resumed attempt"
+    )
+    assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
+    faults = list(job.faults.filter(attempt=1))
+    assert len(faults) == 1, [(f.kind, f.step, f.message) for f in faults]
+    [fault] = faults
+    assert fault.kind == "worker-lost" and "torchrun agent was killed (SIGKILL)" in fault.message, (
+        fault.message
+    )
+    train = _train(stream)
+    assert [t for t in train if t[0] == 2][-1][1] == STEPS

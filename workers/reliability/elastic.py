@@ -419,11 +419,14 @@ class ElasticWatch:
 
     # ------------------------------------------------------------------------------------------- results
 
-    def finish(self) -> None:
-        """The supervised process has ended: read what is left and stop the clock."""
-        self.poll()
-        if self._pending is not None:  # the ranks died and none followed: that was the end of them
-            self._record_pending()
+    def finish(self, *, lost: bool = False) -> None:
+        """The supervised process has ended: read what is left and stop the clock. ``lost``: the agent was
+        killed and its supervisor stopped the ranks it left; their end is no fault of theirs (the caller
+        reports the lost agent), so it is not looked for."""
+        if not lost:
+            self.poll()
+            if self._pending is not None:  # the ranks died and none followed: that was the end of them
+                self._record_pending()
         if self.snapshot_dir is not None:  # the last snapshot may be younger than the last periodic scan
             self._storage_import.join()
             self._scan_snapshots()

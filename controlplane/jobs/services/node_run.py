@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import time
 
 from django.conf import settings
@@ -22,6 +23,7 @@ from controlplane.jobs.selectors import restarts_left
 from controlplane.jobs.services.events import until_the_database_answers
 from controlplane.jobs.services.nodes import heartbeat, node_finished, node_started
 from controlplane.jobs.services.outcomes import job_fail
+from controlplane.jobs.services.recovery import resume_after_worker_lost
 from controlplane.jobs.services.watches import elastic_watch_for, risk_watch_for
 from controlplane.live import credentials
 from controlplane.live.services import publish
@@ -94,10 +96,24 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     report = None
     if watch is not None:
         try:
-            watch.finish()  # the last progress the ranks wrote, and the end of the goodput clock
+            watch.finish(lost=outcome.lost)  # the ranks' last progress; the end of the goodput clock
             report = watch.report()
         except Exception:  # noqa: BLE001 - the run's outcome is recorded without it
             log.warning("job %s node %s: no recovery report", job.pk, node_rank, exc_info=True)
+    resumed = ""
+    if outcome.lost and not job.elastic:
+        # the node's torchrun agent was killed (not a rank's error): a lost worker, resumed from the newest
+        # snapshot while restarts are left; an elastic job's other nodes go on without it (node_finished)
+        why_not = resume_after_worker_lost(
+            job_id=job.pk,
+            cause=(
+                f"node {node_rank}'s torchrun agent was killed ({signal_name(-outcome.exit_code)}); "
+                "its ranks were stopped"
+            ),
+        )
+        resumed = "" if why_not else " (agent lost: resumed)"
+        if why_not:
+            log.warning("job %s: torchrun agent of node %s lost, not resumed: %s", job.pk, node_rank, why_not)
     until_the_database_answers(
         lambda: node_finished(
             node=node,
@@ -109,7 +125,14 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         ),
         what=f"record how job {job.pk} node {node_rank} ended",
     )
-    return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}"
+    return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}{resumed}"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def node_refusal(job: TrainingJob) -> str:

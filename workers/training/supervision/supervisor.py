@@ -288,6 +288,10 @@ class Outcome:
     cancelled: bool
     log_tail: str
     timed_out: bool = False
+    lost: bool = False
+    """The process was killed by a signal nobody here sent (an OOM kill, ``kill -9`` of the node's torchrun
+    agent): its processes left behind were stopped, and the caller may resume the run as after a lost
+    worker, not fail it as after a rank's error."""
 
 
 def supervise(
@@ -316,7 +320,7 @@ def supervise(
     (``LogFilter``), at most every ``output_every_s`` and ``OUTPUT_MAX_LINES`` at a time, and once more
     with the last lines when the process has ended; an exception it raises is logged, never stops the run.
     ``on_poll()`` is called every ``poll_every_s`` while it runs and once after it ended (an elastic watch:
-    progress, hangs, fault injection); an exception it raises is logged too.
+    progress, hangs, fault injection), unless it was ``lost``; an exception it raises is logged too.
     Any other exception (Ctrl-C included) stops the group before it propagates. Returns the exit code,
     whether it was cancelled or timed out, and the log's tail (noise left out too).
     """
@@ -372,10 +376,25 @@ def supervise(
     if beats.error is not None:  # it failed as the run ended, too late to stop it: said, not raised
         log.warning("the last heartbeat failed as the run ended", exc_info=beats.error)
     exit_code = proc.wait()
-    if on_poll is not None:
+    lost = exit_code < 0 and not cancelled and not timed_out
+    if lost:
+        # the agent died under its ranks (forked children, no death signal of their own): they would train on
+        # unsupervised, or wait in a collective; the session's group goes with it
+        log.warning("the supervised process was killed by signal %d; stopping what it left", -exit_code)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5 if sig == signal.SIGTERM else 0)
+    if on_poll is not None and not lost:  # (lost: the ranks a watch would find gone were stopped here)
         _quietly(on_poll)
     if on_output is not None:
         emit(follower.read_new(final=True))
     return Outcome(
-        exit_code=exit_code, cancelled=cancelled, log_tail=filtered_tail(log_path), timed_out=timed_out
+        exit_code=exit_code,
+        cancelled=cancelled,
+        log_tail=filtered_tail(log_path),
+        timed_out=timed_out,
+        lost=lost,
     )
