@@ -134,10 +134,15 @@ class StrictFieldsMixin:
     """A request body's keys that are none of the serializer's writable fields are a 400 naming each:
     DRF ignores them, so a typo (``stpes``, ``topk``) would silently run with the default instead."""
 
+    strict_allows_read_only = False
+    """True: a read-only field's key is let through (ignored), so a document this API wrote (an exported
+    plan with its ``id`` and ``rank``) goes back in as it is; a key that is no field at all stays a 400."""
+
     def to_internal_value(self, data):
         if isinstance(data, Mapping):
             writable = [name for name, f in self.fields.items() if not f.read_only]
-            unknown = [key for key in data if key not in writable]
+            allowed = set(self.fields) if self.strict_allows_read_only else set(writable)
+            unknown = [key for key in data if key not in allowed]
             if unknown:
                 known = ", ".join(writable)
                 raise serializers.ValidationError(

@@ -12,7 +12,7 @@ import re
 
 import yaml
 from django.conf import settings
-from rest_framework.exceptions import ErrorDetail, ParseError
+from rest_framework.exceptions import ErrorDetail, ParseError, ValidationError
 from rest_framework.parsers import JSONParser
 from rest_framework_yaml.encoders import SafeDumper
 from rest_framework_yaml.parsers import YAMLParser
@@ -38,6 +38,37 @@ def _depth_error() -> ParseError:
     return ParseError(f"The document nests deeper than {MAX_DEPTH} levels; no contract document does.")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogates(data, path: str = "") -> list[str]:
+    """The places (``model.name``, ``tags[2]``) in a parsed document whose text holds a lone UTF-16 surrogate
+    (JSON's ``"\\ud800"``): no text is made of one, and neither a database nor a page can hold it."""
+    found: list[str] = []
+    if isinstance(data, str):
+        if _SURROGATE.search(data):
+            found.append(path or "(the document)")
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                found.append(f"{path or '(the document)'}: a key")
+            found += _lone_surrogates(value, where)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found += _lone_surrogates(value, f"{path}[{i}]")
+    return found
+
+
+def _check_text(data):
+    if bad := _lone_surrogates(data):
+        raise ValidationError(
+            {where.split(":")[0]: ["holds a lone UTF-16 surrogate (an escape like \\ud800 without its pair): not text"]
+             for where in bad[:20]}
+        )  # fmt: skip
+    return data
+
+
 class SafeJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None):
         try:
@@ -46,7 +77,7 @@ class SafeJSONParser(JSONParser):
             raise _depth_error() from None
         if _too_deep(data):
             raise _depth_error()
-        return data
+        return _check_text(data)
 
 
 class SafeYAMLParser(YAMLParser):
@@ -65,8 +96,8 @@ class SafeYAMLParser(YAMLParser):
                         raise _depth_error()
                 elif isinstance(event, yaml.CollectionEndEvent):
                     depth -= 1
-            return yaml.safe_load(text)
-        except ParseError:
+            return _check_text(yaml.safe_load(text))
+        except (ParseError, ValidationError):
             raise
         except yaml.YAMLError as exc:
             raise ParseError(f"YAML parse error: {str(exc)[:500]}") from None

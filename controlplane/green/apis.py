@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from controlplane.common.api import NameField, Pagination, TeamField, error_response, only_team_of
 from controlplane.common.documents import StrictFieldsMixin
 from controlplane.green import selectors, services
+from workers.green.job import ZONE_PATTERN
 from workers.green.schedule import OBJECTIVES
 from workers.green.series import KINDS
 
@@ -24,7 +25,7 @@ here, e.g. the UK Carbon Intensity API's 48 h)."""
 MIN_HOURS = 1 / 60  # one minute: a shorter job has nothing to shift
 MAX_KW = 1_000_000.0  # 1 GW: an input bound (a typo guard), not a figure of any site
 MAX_PUE = 3.0  # an input bound: facility power / IT power above 3 is almost surely a typo
-ZONE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+ZONE = ZONE_PATTERN  # one rule for a schedule's zone and a job's energy.zone
 CURRENCY = re.compile(r"^[A-Za-z]{0,8}$")
 
 

@@ -298,8 +298,11 @@ class StrategySearchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         return Response(selectors.search_page_data(self.get_object()))
 
 
-class PlanSerializer(TeamOwnedSerializer):
-    """A plan.json plus its provenance. Create = import a plan (with its model, cluster and training)."""
+class PlanSerializer(StrictFieldsMixin, TeamOwnedSerializer):
+    """A plan.json plus its provenance. Create = import a plan (with its model, cluster and training); a key
+    that is none of its fields is a 400 naming it (an exported plan's read-only keys are let through)."""
+
+    strict_allows_read_only = True
 
     model = ModelDocumentField(source="model_doc", help_text="model.json")
     cluster = ClusterDocumentField(source="cluster_doc", help_text="cluster.json")

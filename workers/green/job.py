@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime, timedelta
@@ -51,6 +52,11 @@ SETTINGS = (
     "every",
     "enabled",
 )
+
+
+ZONE_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+"""A grid zone's code (Electricity Maps' ``US-CAL-CISO``, WattTime's ``CAISO_NORTH``, a country's ``GB``): the
+green schedules' rule (``controlplane.green.apis.ZONE``) for a job's ``energy.zone`` too."""
 
 
 def check_energy_settings(settings: Mapping[str, Any] | None) -> list[str]:
@@ -89,6 +95,12 @@ def check_energy_settings(settings: Mapping[str, Any] | None) -> list[str]:
         v = settings.get(key)
         if v is not None and (not isinstance(v, str) or not v.strip() or len(v) > 300):
             errors.append(f"energy.{key} must be a non-empty text of at most 300 characters, got {v!r:.60}")
+    zone = settings.get("zone")
+    if isinstance(zone, str) and zone.strip() and len(zone) <= 300 and not ZONE_PATTERN.match(zone.strip()):
+        errors.append(
+            "energy.zone must be a grid zone code such as GB, DE, FR or US-CAL-CISO (letters, digits, '-' and '_', "
+            f"starting with a letter), got {zone!r:.60}"
+        )
     if settings.get("market_factor_g_per_kwh") is not None and not settings.get("market_factor_source"):
         errors.append(
             "energy.market_factor_source is required with a market-based factor (the contract or certificates)"

@@ -104,6 +104,9 @@ class ParallelConfig(Strategy):
 # CPU run, in fp32 (bf16/fp16 autocast on CPU is slow and lossy) with 8 sequences a step (the planner
 # requires a batch size). Everything else (optimizer "adam", the flags) is the planner's default.
 RUNTIME_TRAINING_DEFAULTS: dict[str, Any] = {"global_batch_size": 8, "dtype": "fp32"}
+MAX_MICROBATCHES = 65_536
+"""Micro-batches one rank runs in a step (gradient accumulation): 2^16, far beyond what a run accumulates;
+a global batch of 10^9 on one rank passed the spec's bound and never finished a step."""
 # compute dtypes the runtime can autocast to (fp32 = no autocast); the planner also costs fp8
 RUNTIME_DTYPES = ("fp32", "bf16", "fp16")
 # One step's gradients, zstd, were 3.04x smaller than a full snapshot of the same 99.5M-parameter AdamW
@@ -211,6 +214,13 @@ class JobConfigMethods:
                 f"got {self.num_microbatches} (global_batch_size/(dp*micro_batch_size))",
             )
         fail("strategy.ep", ep_rule(m, s.ep, s.dp, s.cp))
+        if batch_splits and self.num_microbatches > MAX_MICROBATCHES:
+            fail(
+                "training.global_batch_size",
+                f"{gbs} is {self.num_microbatches} micro-batches a step per rank (global_batch_size/(dp*"
+                f"micro_batch_size)); at most {MAX_MICROBATCHES:,}: the runtime runs them one after another, so a "
+                "step would never end. Raise dp or micro_batch_size, or lower the batch",
+            )
         if self.steps < 1:
             fail("steps", "must be >= 1")
         hook_name = (self.comm_hook or "").partition(":")[0].strip()

@@ -30,6 +30,9 @@ MAX_STEPS = (
     1_000_000  # a job's optimizer steps (the job API's bound); a CPU job is bounded lower, per machine
 )
 MAX_EVERY = 100_000  # "every N steps" options: ~1 day at the 1 s steps of a CPU job
+# a seed: numpy's range (2^32 - 1); the data order seeds a 64-bit generator with seed * 1_000_003 + epoch, which
+# a seed of 2^70 overflowed at run time
+MAX_SEED = 2**32 - 1
 
 
 class OptionError(ValueError):
@@ -159,7 +162,7 @@ OPTIONS: tuple[Option, ...] = (
     # --- run
     _opt("steps", int, 10, "optimizer steps to run (counted from start_step on resume)", minimum=1, maximum=MAX_STEPS, api=True, api_default=20, cli=True),
     _opt("device", str, "auto", "auto|cpu|cuda|npu (CANN_TRAIN_DEVICE overrides auto)", choices=DEVICES, api=True, api_default="auto"),
-    _opt("seed", int, 0, "seeds parameter init (identical on every rank) and the data order", minimum=0, api=True, cli=True),
+    _opt("seed", int, 0, "seeds parameter init (identical on every rank) and the data order", minimum=0, maximum=MAX_SEED, api=True, cli=True),
     _opt("start_step", int, 0, "resume point: optimizer steps already taken (the data position follows from it)", minimum=0),
     _opt("job_id", str, None, "publishes events to Redis stream job/<job_id> (with redis_url); none: no publishing", nullable=True, check=_problem_of_job_id),
     _opt("redis_url", str, None, "the Redis the events go to", nullable=True),

@@ -100,6 +100,8 @@ def name_problem(value: str) -> str:
 
     if len(value) > MAX_NAME_CHARS:
         return f"must be at most {MAX_NAME_CHARS} characters, got {len(value)}"
+    if any(unicodedata.category(c) == "Cs" for c in value):
+        return "must not contain a lone UTF-16 surrogate (an escape like \\ud800 without its pair): it is not text"
     bad = sorted({c for c in value if unicodedata.category(c) == "Cc" or c in _BIDI_CONTROLS})
     if bad:
         return (
