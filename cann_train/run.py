@@ -596,6 +596,8 @@ class Run:
             "losses": [r["loss"] for r in self.history],
             "resumed": self.resumed,
         }
+        if (submitted := getattr(self.publisher, "submitted", None)) is not None:  # a launched job's rank 0
+            out["events_submitted"] = submitted.to_dict()
         if self.history and self.history[-1]["loss"] is not None:
             out["loss_first"], out["loss_last"] = self.history[0]["loss"], self.history[-1]["loss"]
         if steady:

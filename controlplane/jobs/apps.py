@@ -17,6 +17,7 @@ class JobsConfig(AppConfig):
             reap_orphans,
             scheduling,
         )
+        from controlplane.jobs.services.delivery import audit_event_delivery
         from controlplane.jobs.services.follow import follow_external_jobs
         from controlplane.live import housekeeping
         from controlplane.planning import ports
@@ -32,6 +33,9 @@ class JobsConfig(AppConfig):
         # the Redis credentials a job's ranks publish with: made again after a Redis restart lost them, removed
         # once the job has ended
         housekeeping.every(3.0, keep_job_credentials)
+        # the train events a job's rank 0 published, counted against those stored once it ended: a Redis that
+        # lost its data before the relay read them is an events-lost fault, not a silent gap
+        housekeeping.every(10.0, audit_event_delivery)
         housekeeping.on_stored(job_progress_from_events)
 
         def launch(*, plan, user, steps: int, name: str):

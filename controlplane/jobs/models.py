@@ -239,9 +239,14 @@ class FaultKind(models.TextChoices):
     NODE_DRAINED = (
         "node-drained"  # the fault-risk loop took a risky node out of an elastic job; the others went on
     )
+    # train events rank 0 published that were never stored: a Redis that lost its data (restarted without its
+    # AOF) before the relay had read them; counted once the job ended (services/delivery.py); no restart
+    EVENTS_LOST = "events-lost"
 
 
 WITHOUT_THE_NODE = (FaultKind.NODE_LOST, FaultKind.NODE_DRAINED)
+NOT_RESTARTS = (*WITHOUT_THE_NODE, FaultKind.EVENTS_LOST)
+"""Faults that cost no automatic recovery of the job's own (``restarts_left`` leaves them out)."""
 """Faults after which an elastic job goes on without one of its nodes (the attempt settles without it; the
 recovery they cost is the torchrun restart of the nodes left, which their own watch records and counts)."""
 

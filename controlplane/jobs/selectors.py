@@ -12,7 +12,7 @@ from django.db.models import Count, F, Max, Q, QuerySet
 
 from controlplane.accounts.selectors import scoped
 from controlplane.common.models import JobState
-from controlplane.jobs.models import WITHOUT_THE_NODE, JobFault, JobSnapshot, TrainingJob
+from controlplane.jobs.models import NOT_RESTARTS, JobFault, JobSnapshot, TrainingJob
 from controlplane.live.models import StreamEvent
 from controlplane.live.selectors import stored_events
 from controlplane.planning.models import StoredPlan
@@ -408,10 +408,11 @@ def snapshot_rows(job: TrainingJob) -> list[dict]:
 def restarts_left(job: TrainingJob) -> int:
     """Automatic recoveries the job may still make: ``max_restarts`` minus its faults since the latest
     launch by a person. A ``node-lost`` fault is not counted: the recovery it cost is the torchrun restart of
-    the nodes left, which their own watch records (a rank fault) and counts."""
+    the nodes left, which their own watch records (a rank fault) and counts; nor is ``events-lost`` (no
+    recovery at all: the train events a Redis lost)."""
     used = (
         JobFault.objects.filter(job=job, attempt__gte=job.restart_budget_from)
-        .exclude(kind__in=WITHOUT_THE_NODE)
+        .exclude(kind__in=NOT_RESTARTS)
         .count()
     )
     return max(0, job.max_restarts - used)

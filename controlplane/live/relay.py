@@ -176,7 +176,8 @@ class Relay:
                 seqs = self.writer.renumber(stream, moved, floor, group=GROUP)
                 log.warning(
                     "relay: %s: %d event(s) numbered by a restarted Redis counter (seq %d..%d) renumbered "
-                    "to %d..%d; nothing dropped",
+                    "to %d..%d; none of them dropped (what Redis lost before it was read is counted when the "
+                    "job ends: controlplane.jobs.services.delivery)",
                     stream,
                     len(moved),
                     moved[0][1]["seq"],
@@ -397,6 +398,15 @@ class Relay:
                     self.reread_pending = True
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, 10)
+                except redis.ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    # Redis came back empty between two reads without the relay seeing the connection drop
+                    # (a failover, or this process paused across the restart): its streams and groups are
+                    # gone; find them again as after a reconnect, and read on
+                    log.warning("relay: %s; Redis lost its streams, discovering them again", exc)
+                    self.known.clear()
+                    self.reread_pending = True
                 except (OperationalError, InterfaceError) as exc:
                     # the database restarts: what was read stays unacknowledged in Redis and is read again
                     log.warning("relay: database unavailable (%s); retrying in %.1fs", exc, backoff)

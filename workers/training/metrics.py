@@ -42,6 +42,25 @@ COMM_MARKERS = (
 _NOTHING = object()  # "no new item within the retry back-off" (None means: close)
 
 
+class EventCount:
+    """What a rank asked to publish: events by kind, and the first and last step of its ``train`` events. The
+    run's summary carries it (``events_submitted``) so that the control plane can count what was stored
+    against it and say what a Redis that lost its data lost (``controlplane.jobs.services.delivery``)."""
+
+    def __init__(self):
+        self.by_kind: dict[str, int] = {}
+        self.train_steps: list[int] | None = None
+
+    def add(self, kind: str, step: int | None) -> None:
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+        if kind == "train" and step is not None:
+            first, last = self.train_steps or (step, step)
+            self.train_steps = [min(first, step), max(last, step)]
+
+    def to_dict(self) -> dict:
+        return {"by_kind": dict(self.by_kind), "train_steps": self.train_steps}
+
+
 class EventPublisher:
     """Publishes events from a background thread (batched with ``publish_many``) so that a slow Redis
     never stalls a step. ``submit`` is an O(1) enqueue; ``submit_seconds`` accumulates what it cost the
@@ -59,6 +78,7 @@ class EventPublisher:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)
         self.submit_seconds = 0.0
+        self.submitted = EventCount()
         self.published = 0
         self.errors = 0
         self.dropped = 0
@@ -67,6 +87,7 @@ class EventPublisher:
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         t0 = time.perf_counter()
+        self.submitted.add(kind, step)
         if kind == "event" and self.request_id and "request_id" not in values:
             values = {**values, "request_id": self.request_id}
         # a token per event: a batch retried after Redis went down mid-reply appends each event once

@@ -631,6 +631,7 @@ class Trainer:
             out["expert_load"] = h[-1].expert_load
         if isinstance(self.publisher, EventPublisher):
             out["publish_s"] = self.publish_seconds
+            out["events_submitted"] = self.publisher.submitted.to_dict()
         out["bucket_cap_mb"] = self.pm.bucket_cap_mb
         out.update(self.train_state.summary())
         if self.energy is not None and self.energy.summary() is not None:

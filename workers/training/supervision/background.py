@@ -135,10 +135,14 @@ class DeferredPublisher:
     :data:`LINGER_S` instead of waking its thread every step."""
 
     def __init__(self, publisher, calls: BackgroundCalls):
+        from workers.training.metrics import EventCount
+
         self.publisher = publisher
         self._calls = calls
+        self.submitted = EventCount()  # counted as asked (the run's summary may be written before the hand-over)
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
+        self.submitted.add(kind, step)
         self._calls.call(self.publisher.submit, kind, values, step=step)
 
     def close(self, timeout: float = 10.0) -> None:
