@@ -4,15 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0013_failure_incident_moves_to_failures'),
+        ("jobs", "0013_failure_incident_moves_to_failures"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='jobfault',
-            name='kind',
-            field=models.CharField(choices=[('rank-killed', 'Rank Killed'), ('rank-hung', 'Rank Hung'), ('rank-failed', 'Rank Failed'), ('worker-lost', 'Worker Lost'), ('node-lost', 'Node Lost'), ('node-drained', 'Node Drained'), ('events-lost', 'Events Lost')], max_length=16),
+            model_name="jobfault",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("rank-killed", "Rank Killed"),
+                    ("rank-hung", "Rank Hung"),
+                    ("rank-failed", "Rank Failed"),
+                    ("worker-lost", "Worker Lost"),
+                    ("node-lost", "Node Lost"),
+                    ("node-drained", "Node Drained"),
+                    ("events-lost", "Events Lost"),
+                ],
+                max_length=16,
+            ),
         ),
     ]

@@ -139,7 +139,8 @@ class DeferredPublisher:
 
         self.publisher = publisher
         self._calls = calls
-        self.submitted = EventCount()  # counted as asked (the run's summary may be written before the hand-over)
+        # counted as asked: the run's summary may be written before the writer hands the last ones over
+        self.submitted = EventCount()
 
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         self.submitted.add(kind, step)
