@@ -37,6 +37,20 @@ def recovering_stack(django_db_blocker):
         stop_stack(stack)
 
 
+def _job_body(name: str) -> dict:
+    """A dp2 job of STEPS steps that snapshots every SNAPSHOT_EVERY."""
+    return {
+        "name": name,
+        "model": example("tiny-dense.json"),
+        "strategy": {"dp": 2, "micro_batch_size": 2},
+        "training": {"global_batch_size": 4},
+        "steps": STEPS,
+        "device": "cpu",
+        "profile_every": 0,
+        "snapshot_every": SNAPSHOT_EVERY,
+    }
+
+
 def _train(stream: str) -> list[tuple[int, int, float]]:
     """(attempt, step, loss) of the job's stored train events, in stream order."""
     from controlplane.live.models import StreamEvent
@@ -54,16 +68,7 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
     from controlplane.live.models import StreamEvent
 
     token = token_for(make_member("erin", "Team E"))
-    body = {
-        "name": "survives its worker",
-        "model": example("tiny-dense.json"),
-        "strategy": {"dp": 2, "micro_batch_size": 2},
-        "training": {"global_batch_size": 4},
-        "steps": STEPS,
-        "device": "cpu",
-        "profile_every": 0,
-        "snapshot_every": SNAPSHOT_EVERY,
-    }
+    body = _job_body("survives its worker")
     status, created = http("POST", recovering_stack.base_url + "/api/jobs/", token, body)
     assert status == 201, created
     job_id, stream = created["id"], created["stream"]
@@ -147,16 +152,7 @@ def test_a_killed_torchrun_agent_is_a_lost_worker_the_job_resumes_from(
     from controlplane.jobs.models import JobNode, JobSnapshot, TrainingJob
 
     token = token_for(make_member("erin", "Team E"))
-    body = {
-        "name": "survives its agent",
-        "model": example("tiny-dense.json"),
-        "strategy": {"dp": 2, "micro_batch_size": 2},
-        "training": {"global_batch_size": 4},
-        "steps": STEPS,
-        "device": "cpu",
-        "profile_every": 0,
-        "snapshot_every": SNAPSHOT_EVERY,
-    }
+    body = _job_body("survives its agent")
     status, created = http("POST", recovering_stack.base_url + "/api/jobs/", token, body)
     assert status == 201, created
     job_id, stream = created["id"], created["stream"]
