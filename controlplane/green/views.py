@@ -79,6 +79,8 @@ def green_report(request, code: str):
             "result": result,
             "form": form,
             "pdf_error": pdf_error,
+            # an upload that could not be read is one clear failure, not a green "Verified." of the stored copy
+            "upload_failed": bool(pdf_error or form.errors),
         },
         status=status,
     )

@@ -25,6 +25,11 @@ def test_demo_setup_loads_the_small_example_into_the_demo_team(settings, tmp_pat
     assert cluster.spec["num_nodes"] == 1 and cluster.spec["device"]["name"] == "cpu"
     assert StoredModelSpec.objects.filter(team=team, name="tiny-gpt").exists()
     assert "Use the example that runs here" in out.getvalue()
+    # the demo job is metered in the deployment's grid zone, as any launched job is
+    from controlplane.jobs.models import TrainingJob
+
+    [job] = TrainingJob.objects.filter(team=team)
+    assert job.config["energy"]["zone"] == settings.GREEN_DEFAULT_ZONE
 
     # a demo team seeded before the small example shipped gets it on the next `make run`
     StoredModelSpec.objects.filter(team=team, name="tiny-gpt").delete()

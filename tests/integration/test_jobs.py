@@ -236,9 +236,14 @@ def check_report_page(job, row, pdf: bytes, forged_pdf: bytes) -> None:
     assert '<tr data-field="results.kgco2e_location">' in html.split('id="pdf-mismatches"')[1]
     for junk, words in ((b"not a pdf", "not a PDF"), (b"%PDF-1.7 broken", "cannot be read"), (b"", "empty")):
         bad = browser.post(row["page_url"], {"file": SimpleUploadedFile("j.pdf", junk, "application/pdf")})
-        assert bad.status_code == 400 and words in bad.content.decode(), bad.content.decode()[-2000:]
+        html = bad.content.decode()
+        assert bad.status_code == 400 and words in html, html[-2000:]
+        # one clear failure: no green "Verified." of the stored copy beside the error
+        assert 'data-valid="false"' in html and "Not verified: the uploaded file could not be checked" in html
+        assert 'class="verdict ok"' not in html
     missing = browser.post(row["page_url"], {})
     assert missing.status_code == 400 and "This field is required" in missing.content.decode()
+    assert "Not verified" in missing.content.decode()
     assert browser.get("/green/reports/NOT-A-CODE/").status_code == 404
 
 
