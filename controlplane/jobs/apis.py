@@ -316,7 +316,9 @@ class TrainingJobSummarySerializer(TeamOwnedSerializer):
     max_nodes = serializers.IntegerField(read_only=True)
     elastic = serializers.BooleanField(read_only=True)
     world_size = serializers.IntegerField(read_only=True)
-    predicted_step_time_s = serializers.FloatField(read_only=True, allow_null=True)
+    predicted_step_time_s = serializers.SerializerMethodField(
+        help_text="the plan's predicted step time (null without a plan)"
+    )
     figures = serializers.SerializerMethodField(
         help_text="the run summary's figures the attempt stored when it ended (steps, tokens_per_s, "
         "step_time_s, loss_first, loss_last, val_loss, tflops_per_device, mfu, memory_GiB); {} before"
@@ -352,10 +354,36 @@ class TrainingJobSummarySerializer(TeamOwnedSerializer):
         ]
         read_only_fields = fields
 
+    @staticmethod
+    def _number(value) -> float | int | None:
+        if value is None or isinstance(value, bool):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return None
+        return int(number) if number.is_integer() and not isinstance(value, float) else number
+
+    def get_predicted_step_time_s(self, job) -> float | None:
+        return self._number(getattr(job, "predicted_figure", None))
+
     @extend_schema_field({"type": "object", "additionalProperties": True})
     def get_figures(self, job) -> dict:
-        measured = job.measured or {}
-        return {k: measured[k] for k in SUMMARY_FIGURES if isinstance(measured.get(k), int | float)}
+        # read out of the JSON by the database (``list_queryset``): the summary's arrays (a loss per step, a
+        # step time per step) are never sent here, nor decoded
+        figures = {k: self._number(getattr(job, f"figure_{k}", None)) for k in SUMMARY_FIGURES}
+        return {k: v for k, v in figures.items() if v is not None}
+
+    @staticmethod
+    def list_queryset(qs):
+        """``qs`` as the list reads it: the job's JSON documents left in the database, the figures a row shows
+        taken out of them there (SQLite's json_extract, PostgreSQL's ->>)."""
+        from django.db.models.fields.json import KT
+
+        return qs.defer("config", "plan", "measured", "log_tail", "error", "exit_codes", "goodput").annotate(
+            predicted_figure=KT("plan__predicted__step_time_s"),
+            **{f"figure_{k}": KT(f"measured__{k}") for k in SUMMARY_FIGURES},
+        )
 
     def get_url(self, job) -> str:
         return f"/api/jobs/{job.pk}/"
@@ -657,7 +685,7 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def get_queryset(self):
         qs = scoped(super().get_queryset(), self.request.user)
         if self.action == "list":  # a row is the job's own columns: no faults or snapshots to fetch
-            qs = qs.prefetch_related(None).select_related("team")
+            qs = TrainingJobSummarySerializer.list_queryset(qs.prefetch_related(None).select_related("team"))
         if state := self.request.query_params.get("state"):
             if state not in JobState.values:  # a typo is not "no such jobs"
                 raise exceptions.ValidationError(
