@@ -377,10 +377,14 @@ class Relay:
             if time.monotonic() - last >= interval:
                 entry[2] = time.monotonic()
                 close_old_connections()
+                t0 = time.monotonic()
                 try:
                     fn()
                 except Exception:  # noqa: BLE001 - housekeeping must not stop the relay
                     log.exception("relay: periodic %s failed", getattr(fn, "__name__", fn))
+                took = time.monotonic() - t0
+                if took > 0.05:
+                    log.info("relay: periodic %s took %.0f ms", getattr(fn, "__name__", fn), took * 1000)
 
     def run_forever(self) -> None:
         log.info("relay %s reading %s", self.consumer, settings.REDIS_URL.split("@")[-1])
