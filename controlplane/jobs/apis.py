@@ -141,6 +141,23 @@ class GoodputSerializer(serializers.Serializer):
     )
 
 
+JOB_HEAD_FIELDS = (
+    "id",
+    "team",
+    "name",
+    "state",
+    "progress",
+    "attempts",
+    "nnodes",
+    "min_nodes",
+    "max_nodes",
+    "elastic",
+    "nproc_per_node",
+    "world_size",
+)
+"""What a job is and where it stands: the first fields of its detail and of its list row alike."""
+
+
 class TrainingJobSerializer(TeamOwnedSerializer):
     stream = serializers.CharField(read_only=True)
     max_nodes = serializers.IntegerField(read_only=True, help_text="the most nodes it runs on (its nnodes)")
@@ -192,18 +209,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
     class Meta:
         model = TrainingJob
         fields = [
-            "id",
-            "team",
-            "name",
-            "state",
-            "progress",
-            "attempts",
-            "nnodes",
-            "min_nodes",
-            "max_nodes",
-            "elastic",
-            "nproc_per_node",
-            "world_size",
+            *JOB_HEAD_FIELDS,
             "config",
             "plan",
             "source_plan",
@@ -328,18 +334,7 @@ class TrainingJobSummarySerializer(TeamOwnedSerializer):
     class Meta:
         model = TrainingJob
         fields = [
-            "id",
-            "team",
-            "name",
-            "state",
-            "progress",
-            "attempts",
-            "nnodes",
-            "min_nodes",
-            "max_nodes",
-            "elastic",
-            "nproc_per_node",
-            "world_size",
+            *JOB_HEAD_FIELDS,
             "source_plan",
             "predicted_step_time_s",
             "stream",
