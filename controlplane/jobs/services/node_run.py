@@ -104,6 +104,13 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
     if outcome.lost and not job.elastic:
         # the node's torchrun agent was killed (not a rank's error): a lost worker, resumed from the newest
         # snapshot while restarts are left; an elastic job's other nodes go on without it (node_finished)
+        consequences = drop_faults_of_the_lost_agent(job, attempt)
+        if consequences:
+            log.info(
+                "job %s: %d rank fault(s) seen as the agent died dropped: its loss is the fault",
+                job.pk,
+                consequences,
+            )
         why_not = resume_after_worker_lost(
             job_id=job.pk,
             cause=(
@@ -126,6 +133,29 @@ def node_run(*, job_id: int, attempt: int, node_rank: int) -> str:
         what=f"record how job {job.pk} node {node_rank} ended",
     )
     return "cancelled" if outcome.cancelled else f"exit {outcome.exit_code}{resumed}"
+
+
+AGENT_LOSS_WINDOW_S = 15.0
+"""Rank faults detected this close before a lost agent was noticed are taken for its consequence."""
+
+
+def drop_faults_of_the_lost_agent(job: TrainingJob, attempt: int) -> int:
+    """The ranks of a killed agent die with it (the rendezvous store it held is gone): the watch may see them
+    go before the agent's exit is noticed and record a rank fault. That is the agent's loss, one fault, not
+    two (and not two restarts off ``max_restarts``): the unrecovered rank faults of the attempt detected in the
+    last :data:`AGENT_LOSS_WINDOW_S` are removed. Returns how many."""
+    from datetime import timedelta
+
+    from controlplane.jobs.models import FaultKind, JobFault
+
+    deleted, _ = JobFault.objects.filter(
+        job=job,
+        attempt=attempt,
+        kind__in=(FaultKind.RANK_FAILED, FaultKind.RANK_KILLED),
+        recovered_at__isnull=True,
+        detected_at__gte=timezone.now() - timedelta(seconds=AGENT_LOSS_WINDOW_S),
+    ).delete()
+    return deleted
 
 
 def signal_name(number: int) -> str:
