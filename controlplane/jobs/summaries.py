@@ -4,6 +4,8 @@ first fields (:data:`JOB_HEAD_FIELDS`)."""
 
 from __future__ import annotations
 
+import math
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -82,11 +84,17 @@ class TrainingJobSummarySerializer(TeamOwnedSerializer):
     def _number(value) -> float | int | None:
         if value is None or isinstance(value, bool):
             return None
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
+        # SQLite's json_extract gives the stored number itself, PostgreSQL's ->> its text: "300" is an int,
+        # "5200.0" a float, on both alike
+        if isinstance(value, str):
+            value = value.strip()
+            try:
+                value = int(value) if value.lstrip("-").isdigit() else float(value)
+            except ValueError:
+                return None
+        if not isinstance(value, int | float) or not math.isfinite(value):
             return None
-        return int(number) if number.is_integer() and not isinstance(value, float) else number
+        return value
 
     def get_predicted_step_time_s(self, job) -> float | None:
         return self._number(getattr(job, "predicted_figure", None))
