@@ -8,18 +8,20 @@ published onto a stream of a job; without it, a local run's events file. An SDK 
 is measured and left out of the overhead, as the goal says; its write in the background is not).
 
 Side by side means in one process, in alternating blocks of steps: plain, SDK, SDK, plain, plain, SDK, ...
-(ABBA, so that a drift over the run hits both alike). Separate processes were tried first: on this 2-core
+(ABBA, so that a drift over the run hits both alike), short ones: this VM's step time drifts over seconds
+(a round of two 200-step blocks, 8 s, moved by +-5-20%), so two blocks of 25 steps half a second apart agree
+far better, and 128 of them bound the median to about a percent. Separate processes were tried first: on this 2-core
 VM the median step of a whole process wanders by 5-30% from one process to the next (the same plain loop:
 17.6 to 24.5 ms), far more than the 2% to be resolved. At the end of each SDK block what it left running
 (queued progress lines, a snapshot's background write) is waited for, untimed, so that no plain block pays for
-it; a snapshot falls mid-block (the steps are offset by ``K/2``), so most of its write overlaps the SDK steps, and
+it; a snapshot falls mid-block (the steps are offset so), so most of its write overlaps the SDK steps, and
 the CPU it takes counts in the whole process's figure whatever the block.
 Each ``K`` in ``--snapshot-every`` is a fresh process of its own (0: the per-step calls alone). The overhead is
 the median of the rounds' SDK/plain ratios with a bootstrap 90% interval; the goal is called met or missed only
 when the whole interval says so. Beside the wall clock, the CPU a step takes: the loop thread's (a VM's stolen
 time does not count in it) and the whole process's (the writer and snapshot threads included).
 
-    python bench/sdk_overhead.py [--block 200] [--rounds 16] [--snapshot-every 0,50] [--redis-url redis://...]
+    python bench/sdk_overhead.py [--block 25] [--rounds 128] [--snapshot-every 0,50] [--redis-url redis://...]
 
 Goal (issue 33): SDK overhead <= 2% of the step time, besides the snapshot stall itself.
 """
@@ -63,7 +65,9 @@ def blocks(block: int, rounds: int, width: int, every: int) -> dict:
     process_cpu: dict[str, list[float]] = {"plain": [], "sdk": []}  # every thread's CPU a step, per block
     stalls, sdk_s = [], []
     data_step = sdk_step = 0
-    offset = every // 2  # a snapshot mid-block, not at its end
+    # a snapshot mid-block, not at its end (where its write would be waited for untimed): K/2 into every K
+    # steps when several fall in a block, else at the middle of the block it falls in
+    offset = every // 2 if every <= block else (every - block // 2 % every) % every if every else 0
     for r in range(rounds):
         for variant in ("plain", "sdk") if r % 2 == 0 else ("sdk", "plain"):
             p0 = time.process_time()
@@ -149,8 +153,8 @@ def _block_medians(times: list[float], block: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--block", type=int, default=200, help="steps per block")
-    parser.add_argument("--rounds", type=int, default=16, help="rounds of two blocks (plain and SDK)")
+    parser.add_argument("--block", type=int, default=25, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=128, help="rounds of two blocks (plain and SDK)")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument(
         "--snapshot-every", default="0,50",

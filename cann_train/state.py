@@ -11,6 +11,7 @@ key of its own (``sdk_rank<r>_``) and put back only on the same world size.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from workers.events import now_iso
+from workers.events import now_iso, unix_iso
 from workers.training.checkpoint.state import capture_rng, pack_tensors, restore_rng, unpack_tensors
 
 OPTIMIZER_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -119,6 +120,17 @@ class FilePublisher:
             return
         doc = {"stream": "local", "time": now_iso(), "kind": kind, "step": step, "values": values}
         self._calls.call(self._write, doc)
+
+    def submit_later(self, kind: str, step: int | None, build, *args) -> None:
+        """:meth:`submit` of the values ``build(*args)`` makes on ``calls``' thread, stamped now."""
+        if self._file.closed:
+            return
+        self._calls.call(self._write_built, kind, step, time.time(), build, args)
+
+    def _write_built(self, kind: str, step: int | None, t: float, build, args: tuple) -> None:
+        self._write(
+            {"stream": "local", "time": unix_iso(t), "kind": kind, "step": step, "values": build(*args)}
+        )
 
     def _write(self, doc: dict) -> None:
         if self._file.closed:

@@ -103,6 +103,11 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def unix_iso(t: float) -> str:
+    """A ``time.time()`` as an event's ``time`` (what :func:`now_iso` gives at that moment)."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def parse_time(text: str) -> datetime:
     """An event's ``time`` (``2026-11-29T12:00:00.123Z``) as an aware datetime."""
     return datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -129,15 +129,16 @@ def synchronize(kind: str) -> None:
     getattr(torch, kind).synchronize()
 
 
-def max_memory_GiB(kind: str) -> float:
-    """Peak memory of this process: reserved device memory on cuda/npu, peak RSS on cpu."""
+def max_memory_GiB(kind: str, index: int | None = None) -> float:
+    """Peak memory of this process: reserved device memory on cuda/npu (of device ``index``: named, so that
+    another thread than the one that set the device asks of the right one), peak RSS on cpu."""
     if kind == "cpu":
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30  # ru_maxrss is KiB on Linux
     import torch
 
-    return getattr(torch, kind).max_memory_reserved() / 2**30
+    return getattr(torch, kind).max_memory_reserved(index) / 2**30
 
 
 def devices_missing(requested: str | None, ranks_per_node: int) -> str:

@@ -164,6 +164,9 @@ class NullPublisher:
     def submit(self, kind: str, values: dict, step: int | None = None) -> None:
         pass
 
+    def submit_later(self, kind: str, step: int | None, build, *args) -> None:
+        pass
+
     def close(self, timeout: float = 0.0) -> None:
         pass
 

@@ -146,6 +146,14 @@ class DeferredPublisher:
         self.submitted.add(kind, step)
         self._calls.call(self.publisher.submit, kind, values, step=step)
 
+    def submit_later(self, kind: str, step: int | None, build: Callable[..., dict], *args) -> None:
+        """:meth:`submit` of the values ``build(*args)`` makes on the writer thread (counted now)."""
+        self.submitted.add(kind, step)
+        self._calls.call(self._submit_built, kind, step, build, args)
+
+    def _submit_built(self, kind: str, step: int | None, build: Callable[..., dict], args: tuple) -> None:
+        self.publisher.submit(kind, build(*args), step=step)
+
     def close(self, timeout: float = 10.0) -> None:
         self._calls.flush(timeout)
         self.publisher.close(timeout)
