@@ -18,6 +18,12 @@ class GreenCertificate(TeamOwned):
     issued_at = models.DateTimeField()
     document = models.JSONField()
     pdf = models.BinaryField()
+    printed_text = models.TextField(
+        default="", blank=True, help_text="the text the PDF prints (what an uploaded copy is compared with)"
+    )
+    printed_digest = models.CharField(
+        max_length=64, default="", blank=True, help_text="HMAC-SHA256 of the printed words, hex"
+    )
     created_by = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -86,10 +86,11 @@ def certificate_issue(*, job, user) -> tuple[GreenCertificate, bool]:
     existing = GreenCertificate.objects.filter(job=job).first()
     if existing is not None:
         return existing, False
-    from workers.green.certificate import render_pdf
+    from workers.green.certificate import pdf_text, printed_digest, render_pdf
 
     document = _build(job, issued_at=timezone.now().replace(microsecond=0), schedule=schedule_of(job))
     pdf = render_pdf(document)
+    text = pdf_text(pdf)
     try:
         with transaction.atomic():
             report = GreenCertificate.objects.create(
@@ -100,6 +101,8 @@ def certificate_issue(*, job, user) -> tuple[GreenCertificate, bool]:
                 issued_at=datetime.fromisoformat(document["issued_at"]),
                 document=document,
                 pdf=pdf,
+                printed_text=text,
+                printed_digest=printed_digest(text, _secret()),
                 created_by=user,
             )
     except IntegrityError:  # issued by a concurrent request a moment ago
@@ -134,10 +137,29 @@ def certificate_verify_upload(report: GreenCertificate, pdf: bytes) -> dict:
         ) from None
 
 
+def _printed_text(report: GreenCertificate) -> str:
+    """The words the issued PDF prints, as stored at issue (its HMAC checked); a report issued before they
+    were stored, or whose stored text no longer matches its HMAC, gets them from its stored PDF (stored
+    again, so that the next check does not read the PDF)."""
+    import hmac
+
+    from workers.green.certificate import pdf_text, printed_digest
+
+    text = report.printed_text
+    if text and hmac.compare_digest(report.printed_digest, printed_digest(text, _secret())):
+        return text
+    text = pdf_text(bytes(report.pdf))
+    report.printed_text, report.printed_digest = text, printed_digest(text, _secret())
+    GreenCertificate.objects.filter(pk=report.pk).update(
+        printed_text=report.printed_text, printed_digest=report.printed_digest
+    )
+    return text
+
+
 def certificate_verify(report: GreenCertificate, *, pdf: bytes | None = None) -> dict:
     """Rebuild ``report`` from its job's stored measurements and compare: ``{valid, code_matches,
-    figures_match, mismatches: [{field, certified, recomputed}], checked}``. With ``pdf``, the figures that
-    PDF prints are compared with the stored document too."""
+    figures_match, mismatches: [{field, certified, recomputed}], checked}``. With ``pdf``, everything that
+    PDF prints is compared with what the issued one prints (the code, every figure, every word)."""
     from workers.green.certificate import verify_certificate, verify_pdf
 
     try:
@@ -160,7 +182,7 @@ def certificate_verify(report: GreenCertificate, *, pdf: bytes | None = None) ->
     result = verify_certificate(report.document, recomputed=recomputed, secret=_secret())
     result["checked"] = "stored document"
     if pdf is not None:
-        printed = verify_pdf(pdf, report.document, _secret())
+        printed = verify_pdf(pdf, report.document, _secret(), expected=_printed_text(report))
         result["pdf"] = printed
         result["valid"] = bool(result["valid"] and printed["valid"])
         result["checked"] = "stored document and the uploaded PDF"

@@ -186,6 +186,19 @@ def check_energy_report(client, job, cli: tuple | None = None) -> None:
     assert not forged_check["valid"] and "results.kgco2e_location" in [
         m["field"] for m in forged_check["pdf"]["mismatches"]
     ]
+    # any printed figure, not only the results table's: the header's "kwh all attempts" cut by 80%
+    assert report.document["job"]["kwh_all_attempts"] > 0 and report.printed_text and report.printed_digest
+    header = {**report.document, "job": {**report.document["job"]}}
+    header["job"]["kwh_all_attempts"] = round(report.document["job"]["kwh_all_attempts"] * 0.2, 9)
+    header_check = client.post(
+        row["verify_url"], {"file": io.BytesIO(render_pdf(header))}, format="multipart"
+    ).json()
+    assert not header_check["valid"] and header_check["pdf"]["code_matches"], header_check
+    assert [m["field"] for m in header_check["pdf"]["mismatches"]] == ["printed: kwh all attempts"]
+    # a report issued before the printed text was stored gets it from its stored PDF at its first check
+    GreenCertificate.objects.filter(pk=report.pk).update(printed_text="", printed_digest="")
+    assert client.post(row["verify_url"], {"file": io.BytesIO(data)}, format="multipart").json()["valid"]
+    assert GreenCertificate.objects.get(pk=report.pk).printed_text == report.printed_text
     junk = client.post(row["verify_url"], {"file": io.BytesIO(b"not a pdf")}, format="multipart")
     assert junk.status_code == 400 and "PDF" in str(junk.json())
     # an altered stored figure fails: against the measurements and the code

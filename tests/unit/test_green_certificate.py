@@ -44,6 +44,7 @@ JOB = {
     "cluster": "gb-a100",
     "device": "A100-SXM4-80GB",
     "device_count": 8,
+    "kwh_all_attempts": 10.4596,  # the header's totals (the control plane prints every attempt's there)
 }
 REQUESTED = datetime(2020, 3, 2, 16, 0, tzinfo=UTC)  # when the job was scheduled (inside the 2020 GB history)
 CODE_RE = re.compile(r"^[A-Z2-7]{4}(-[A-Z2-7]{4}){4}$")
@@ -272,19 +273,82 @@ def test_the_pdf_shows_the_code_the_estimate_labels_the_figures_and_how_to_verif
     }
 
 
-def test_a_pdf_rendered_from_an_altered_document_fails_against_the_stored_one(document):
+def test_a_pdf_rendered_from_an_altered_document_fails_against_the_stored_one(document, text):
     field = "results.kwh.facility"
     forged_pdf = render_pdf(put(document, field, round_figure(get(document, field) * 0.5)))
-    result = verify_pdf(forged_pdf, document, SECRET)
+    result = verify_pdf(forged_pdf, document, SECRET, expected=text)
     assert not result["valid"] and not result["figures_match"] and result["code_matches"]
+    halved, stored = format_number(get(document, field) * 0.5), format_number(get(document, field))
+    # the results table's row and the verification block's line, each named
     assert result["mismatches"] == [
-        {
-            "field": field,
-            "certified": format_number(get(document, field) * 0.5),
-            "recomputed": format_number(get(document, field)),
-        }
+        {"field": "printed: Facility energy (IT energy x PUE)", "certified": halved, "recomputed": stored},
+        {"field": field, "certified": halved, "recomputed": stored},
     ]
     assert not verify_pdf(forged_pdf, document, OTHER_SECRET)["code_matches"]
+
+
+def test_a_figure_outside_the_results_altered_in_the_pdf_fails_too(document, text):
+    """The issue's case: the header's "kwh all attempts" cut by 80% had verified (only the results table's
+    figures were compared). The stored report is rendered here, without the stored text."""
+    cut = round_figure(document["job"]["kwh_all_attempts"] * 0.2)
+    result = verify_pdf(render_pdf(put(document, "job.kwh_all_attempts", cut)), document, SECRET)
+    assert not result["valid"] and result["code_matches"]
+    assert result["mismatches"] == [
+        {
+            "field": "printed: kwh all attempts",
+            "certified": format_number(cut),
+            "recomputed": format_number(document["job"]["kwh_all_attempts"]),
+        }
+    ]
+
+
+NAMED = {  # how a mismatch names some of the printed figures (each is named by the words printed before it)
+    "kwh all attempts": "job.kwh_all_attempts",
+    "Facility energy (IT energy x PUE)": "results.kwh.facility",
+    "Emissions, market-based": "results.kgco2e_market",
+    "SCI (E x I + M) per R, R = 1M tokens": "results.sci.value",
+    "Tokens trained": "results.tokens",
+    "Predicted saving": "results.schedule.saving_kgco2e",
+    "Market-based factor": "inputs.market_factor.g_per_kwh",
+    "results.kwh.facility": "results.kwh.facility",
+    "inputs.pue.value": "inputs.pue.value",
+}
+
+
+def test_every_printed_figure_altered_in_turn_fails_naming_it(document, text):
+    """Each word of the genuine PDF's text that holds a digit (every figure, date, count, id and the code)
+    altered alone: the comparison finds exactly that one, named by what is printed before it."""
+    words = text.split()
+    figures = [i for i, w in enumerate(words) if re.search(r"\d", w)]
+    assert len(figures) > 100, len(figures)
+    labels = set()
+    for i in figures:
+        word = words[i]
+        at = re.search(r"\d", word).start()
+        altered = word[:at] + str((int(word[at]) + 1) % 10) + word[at + 1 :]
+        shown = " ".join(words[:i] + [altered] + words[i + 1 :])
+        mismatches = certificate.compare_printed(text, shown)
+        assert len(mismatches) == 1, (word, mismatches)
+        (m,) = mismatches
+        assert (m["certified"], m["recomputed"]) == (altered, word)
+        assert m["field"] and m["field"] != "printed: ", word
+        labels.add(m["field"].removeprefix("printed: "))
+    for label, path in NAMED.items():
+        assert label in labels, (label, sorted(labels))
+        assert format_number(get(document, path)) in text
+
+
+def test_words_added_or_dropped_fail_too(document, text):
+    words = text.split()
+    at = words.index("Results")
+    added = " ".join(words[:at] + ["(audited)"] + words[at:])
+    dropped = " ".join(w for w in words if w != "estimate")
+    (m,) = certificate.compare_printed(text, added)
+    assert (m["certified"], m["recomputed"]) == ("(audited)", None)
+    gone = certificate.compare_printed(text, dropped)
+    assert gone and all(m["recomputed"] == "estimate" and m["certified"] is None for m in gone[:-1])
+    other = certificate.compare_printed(text, "a different document")
+    assert 1 <= len(other) <= certificate.verify.MAX_TEXT_MISMATCHES + 1
 
 
 def test_no_claim_of_meeting_a_standard_anywhere(document, text):

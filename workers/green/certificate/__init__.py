@@ -54,7 +54,15 @@ from workers.green.certificate.document import (
 )
 from workers.green.certificate.figures import KEY_FIGURES, READBACK_FIELDS, READBACK_START, SCHEDULE_FIGURES
 from workers.green.certificate.render import render_pdf
-from workers.green.certificate.verify import figures_from_pdf_text, pdf_text, verify_certificate, verify_pdf
+from workers.green.certificate.verify import (
+    compare_printed,
+    expected_text,
+    figures_from_pdf_text,
+    pdf_text,
+    printed_digest,
+    verify_certificate,
+    verify_pdf,
+)
 
 __all__ = [
     "ALGORITHM",
@@ -74,11 +82,14 @@ __all__ = [
     "canonical_json",
     "check_secret",
     "code_of",
+    "compare_printed",
+    "expected_text",
     "figures_from_pdf_text",
     "format_number",
     "hmac_digest",
     "normalise_code",
     "pdf_text",
+    "printed_digest",
     "render_pdf",
     "round_figure",
     "rounded",

@@ -1,9 +1,13 @@
 """Verifying a report: :func:`verify_certificate` checks a stored report's code against its content and its
-figures against a report rebuilt from the stored measurements; :func:`verify_pdf` reads the printed code and
-figures back from a downloaded PDF and compares them with the stored report."""
+figures against a report rebuilt from the stored measurements; :func:`verify_pdf` compares everything a
+downloaded PDF prints with what the stored (signed) report prints: the code, and the whole text word by word
+(:func:`compare_printed`), so that an edited figure anywhere (the header's totals, a table row, the scope's
+dates, a sentence) fails the check and is named by the words printed before it."""
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import hmac
 import io
 import re
@@ -132,25 +136,111 @@ def pdf_text(pdf_bytes: bytes) -> str:
     return "\n".join(page.extract_text() or "" for page in reader.pages)
 
 
-def verify_pdf(pdf_bytes: bytes, document: dict, secret: bytes) -> dict:
+def printed_words(text: str) -> list[str]:
+    """A PDF's extracted text as the words it prints (line breaks and spacing dropped: a figure edited to a
+    different width re-wraps the lines after it, which is no difference of content)."""
+    return text.split()
+
+
+def printed_digest(text: str, secret: bytes) -> str:
+    """HMAC-SHA256 (hex) of the words ``text`` prints, under ``secret``: keeps a stored copy of a report's
+    printed text trustworthy (the control plane stores it beside the PDF so that a check need not render)."""
+    return hmac.new(check_secret(secret), " ".join(printed_words(text)).encode(), hashlib.sha256).hexdigest()
+
+
+MAX_TEXT_MISMATCHES = 20
+"""The most differences of printed text a check lists (a different document differs everywhere)."""
+
+_LABEL_WORDS = 12
+_SEPARATORS = {"·", "•", "|"}
+
+
+def _labels(text: str) -> list[str]:
+    """For each word ``text`` prints, what names it: the words printed before it on its line (or, for a
+    line's first word, the end of the line before), from the last separator or sentence end, at most
+    :data:`_LABEL_WORDS`, without a trailing ``:`` or ``=``: "kwh all attempts", "Facility energy (IT energy x
+    PUE)", "results.kwh.facility"."""
+    labels: list[str] = []
+    previous: list[str] = []
+    for line in text.splitlines():
+        words = line.split()
+        for i, _ in enumerate(words):
+            before = words[:i] if i else previous
+            label: list[str] = []
+            for word in reversed(before):
+                if word in _SEPARATORS or (label and word.endswith((".", ";")) and not word[-2:-1].isdigit()):
+                    break
+                label.insert(0, word)
+                if len(label) == _LABEL_WORDS:
+                    break
+            labels.append(" ".join(label).rstrip(":=").strip() or "the start of the report")
+        if words:
+            previous = words
+    return labels
+
+
+def compare_printed(expected_text: str, shown_text: str) -> list[dict[str, Any]]:
+    """Where the words ``shown_text`` prints differ from ``expected_text``'s (the text of the PDF the stored
+    report renders to): ``[{"field": "printed: <label>", "certified": shown words, "recomputed": expected
+    words}]``, in the order they are printed, at most :data:`MAX_TEXT_MISMATCHES` then one saying how many
+    more. A line of the verification block (``results.kwh.facility = 10.4596``) is named by its field path."""
+    expected, shown = printed_words(expected_text), printed_words(shown_text)
+    labels = _labels(expected_text)
+    matcher = difflib.SequenceMatcher(None, expected, shown, autojunk=False)
+    out: list[dict[str, Any]] = []
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "equal":
+            continue
+        label = labels[i1] if i1 < len(labels) else "the end of the report"
+        readback = _PRINTED_FIELD_RE.match(f"{label} = x")
+        out.append(
+            {
+                "field": label if readback else f"printed: {label}",
+                "certified": " ".join(shown[j1:j2]) or None,
+                "recomputed": " ".join(expected[i1:i2]) or None,
+            }
+        )
+    if len(out) > MAX_TEXT_MISMATCHES:
+        more = len(out) - MAX_TEXT_MISMATCHES
+        out = out[:MAX_TEXT_MISMATCHES] + [
+            {"field": "printed text", "certified": f"{more} more difference(s)", "recomputed": None}
+        ]
+    return out
+
+
+def expected_text(document: Mapping[str, Any]) -> str:
+    """The text of the PDF ``document`` renders to (rendered and read back here: seconds)."""
+    from workers.green.certificate.render import render_pdf
+
+    return pdf_text(render_pdf(dict(document)))
+
+
+def verify_pdf(pdf_bytes: bytes, document: dict, secret: bytes, *, expected: str | None = None) -> dict:
     """Whether a downloaded PDF shows the stored report: the printed code is the stored one and the stored
-    report's code matches its content under ``secret``; each printed figure equals the stored one.
+    report's code matches its content under ``secret``; every word it prints is what the stored report prints
+    (``expected``: that text, when the caller keeps it; else the stored report is rendered here).
 
     Same shape as :func:`verify_certificate`; a mismatch's ``certified`` is what the PDF prints and
-    ``recomputed`` the stored value, as text."""
+    ``recomputed`` what the stored report prints there, as text."""
     secret = check_secret(secret)
     if not isinstance(document, Mapping):
         raise ValueError("document must be the stored report (a dict from build_certificate)")
-    printed = figures_from_pdf_text(pdf_text(pdf_bytes))
+    shown = pdf_text(pdf_bytes)
+    printed = figures_from_pdf_text(shown)
     stored_ok, _ = _check_code(document, secret)
     stored_code = (document.get("verification") or {}).get("code")
     code_ok = stored_ok and printed["code"] is not None and printed["code"] == stored_code
     mismatches = []
-    for field in sorted(set(READBACK_FIELDS) | set(printed["figures"])):
-        shown = printed["figures"].get(field)
-        stored = scalar_text(value_at(document, field))
-        if shown != stored:
-            mismatches.append({"field": field, "certified": shown, "recomputed": stored})
+    for field in READBACK_FIELDS:  # the verification block's lines, each missing one by name
+        if field not in printed["figures"]:
+            stored = scalar_text(value_at(document, field))
+            mismatches.append({"field": field, "certified": None, "recomputed": stored})
+    named = {m["field"] for m in mismatches}
+    for m in compare_printed(expected if expected is not None else expected_text(document), shown):
+        # a different code is said once, as verification.code, not at each place it is printed
+        if m["field"] in named or (stored_code and stored_code in (m["recomputed"] or "")):
+            continue
+        mismatches.append(m)
     if not code_ok:
         mismatches.append(
             {"field": "verification.code", "certified": printed["code"], "recomputed": stored_code}
