@@ -276,6 +276,11 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
+    # the public report check (controlplane.green.certificate_apis.PublicCertificateVerifyApi), per caller
+    # (a user, or an address without a login); counted per web process (Django's local-memory cache)
+    "DEFAULT_THROTTLE_RATES": {
+        "report-check": os.environ.get("CANN_TRAIN_REPORT_CHECKS_RATE", "20/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "cann-train API",

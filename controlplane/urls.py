@@ -18,6 +18,7 @@ from controlplane.common.middleware import csp_update
 from controlplane.dashboard.views import dashboard, green_page
 from controlplane.failures import apis as failure_pattern_apis
 from controlplane.failures import views as failure_views
+from controlplane.green.certificate_apis import PublicCertificateVerifyApi
 from controlplane.green.views import green_report
 from controlplane.jobs.apis import TrainingJobViewSet
 from controlplane.metrics import metrics_view, register_product_metrics
@@ -44,6 +45,12 @@ api_patterns = [
     path("plans/evaluate/", EvaluateApi.as_view(), name="plan-evaluate"),
     path("green/", include("controlplane.green.urls")),
     path("certificates/", include("controlplane.green.certificate_urls")),
+    # no login: a report's holder checks it by its printed code (rate-limited)
+    path(
+        "public/certificates/<str:code>/verify",
+        PublicCertificateVerifyApi.as_view(),
+        name="certificate-public-verify",
+    ),
     # the failure-pattern knowledge base (incidents/ before <key>/: it is no pattern's key)
     path(
         "failure-patterns/",

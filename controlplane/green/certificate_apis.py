@@ -1,25 +1,30 @@
 """The energy and carbon reports of finished jobs: ``/api/certificates/`` (list), ``<code>/`` (the document),
 ``<code>/pdf`` (download), ``<code>/verify`` (GET: rebuild from the stored measurements and compare; POST a
-downloaded PDF: also compare the figures it prints). A report is issued from its job:
-``POST /api/jobs/<id>/certificate/`` (``controlplane.jobs.apis``)."""
+downloaded PDF: also compare everything it prints). ``/api/public/certificates/<code>/verify`` is the same check
+without a login, for anyone holding the report (rate-limited; it shows only what the PDF prints). A report is
+issued from its job: ``POST /api/jobs/<id>/certificate/`` (``controlplane.jobs.apis``)."""
 
 from __future__ import annotations
 
 from django.http import Http404, HttpResponse
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from controlplane.green.certificates import (
+    certificate_by_code,
     certificate_of,
     certificate_verify,
     certificate_verify_upload,
     certificates_of,
+    public_verdict,
 )
 
 MAX_PDF_BYTES = 5 * 2**20  # a report is ~40 KB; anything near this is not one
@@ -79,6 +84,28 @@ class VerificationSerializer(serializers.Serializer):
     )
 
 
+class PublicJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
+class PublicVerificationSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    job = PublicJobSerializer(help_text="as the report prints it")
+    issued_at = serializers.CharField()
+    valid = serializers.BooleanField()
+    code_matches = serializers.BooleanField()
+    figures_match = serializers.BooleanField()
+    mismatches = MismatchSerializer(many=True, help_text="among the figures the PDF prints")
+    other_differences = serializers.IntegerField(
+        help_text="differences of the stored report outside what the PDF prints (its team sees them)"
+    )
+    checked = serializers.CharField()
+    pdf = serializers.JSONField(
+        required=False, help_text="the uploaded PDF's own comparison, when one was sent"
+    )
+
+
 class PdfUploadSerializer(serializers.Serializer):
     file = serializers.FileField(help_text="the report PDF as downloaded")
 
@@ -129,14 +156,58 @@ class CertificateVerifyApi(APIView):
         request={"multipart/form-data": PdfUploadSerializer}, responses={200: VerificationSerializer}
     )
     def post(self, request, code: str):
-        """As GET, and also compare the figures and the code a downloaded PDF prints with the stored report."""
+        """As GET, and also compare everything a downloaded PDF prints (its code, every figure and word) with
+        the report as issued."""
         report = _report(request, code)
-        data = PdfUploadSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        upload = data.validated_data["file"]
-        if upload.size > MAX_PDF_BYTES:
-            raise ValidationError({"file": [f"at most {MAX_PDF_BYTES // 2**20} MiB: a report is ~40 KB"]})
-        try:
-            return Response(certificate_verify_upload(report, upload.read()))
-        except ValueError as exc:
-            raise ValidationError({"file": [str(exc)]}) from None
+        return Response(_check_upload(request, report))
+
+
+def _check_upload(request, report) -> dict:
+    data = PdfUploadSerializer(data=request.data)
+    data.is_valid(raise_exception=True)
+    upload = data.validated_data["file"]
+    if upload.size > MAX_PDF_BYTES:
+        raise ValidationError({"file": [f"at most {MAX_PDF_BYTES // 2**20} MiB: a report is ~40 KB"]})
+    try:
+        return certificate_verify_upload(report, upload.read())
+    except ValueError as exc:
+        raise ValidationError({"file": [str(exc)]}) from None
+
+
+def _public_report(code: str):
+    report = certificate_by_code(code)
+    if report is None:
+        raise Http404("No report has that verification code: check it against the one printed on the report.")
+    return report
+
+
+THROTTLED = OpenApiResponse(
+    OpenApiTypes.OBJECT, description="too many checks from this caller: try again after Retry-After seconds"
+)
+
+
+class PublicCertificateVerifyApi(APIView):
+    """The check a report's holder runs without an account: the report says anyone holding it can ask the
+    control plane that issued it. By the printed code only; it answers what the PDF itself prints (the
+    verdict, and which printed figure differs), never the team's other data; rate-limited per caller
+    (``CANN_TRAIN_REPORT_CHECKS_RATE``, 20/min by default)."""
+
+    permission_classes = [AllowAny]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "report-check"
+    parser_classes = [MultiPartParser, FormParser]
+
+    @extend_schema(responses={200: PublicVerificationSerializer, 429: THROTTLED})
+    def get(self, request, code: str):
+        """Whether the report with this code still matches the stored measurements (no login)."""
+        report = _public_report(code)
+        return Response(public_verdict(report, certificate_verify(report)))
+
+    @extend_schema(
+        request={"multipart/form-data": PdfUploadSerializer},
+        responses={200: PublicVerificationSerializer, 429: THROTTLED},
+    )
+    def post(self, request, code: str):
+        """As GET, and whether a downloaded PDF prints exactly the issued report (no login)."""
+        report = _public_report(code)
+        return Response(public_verdict(report, _check_upload(request, report)))

@@ -124,6 +124,44 @@ def certificate_of(user, code: str) -> GreenCertificate | None:
     return certificates_of(user).filter(code=code).first()
 
 
+def certificate_by_code(code: str) -> GreenCertificate | None:
+    """Any team's report by its verification code: what a holder of the PDF has (a code is 100 random-looking
+    bits of an HMAC: it cannot be guessed), for the public check. None for a malformed or unknown code."""
+    from workers.green.certificate import normalise_code
+
+    try:
+        code = normalise_code(code)
+    except ValueError:
+        return None
+    return GreenCertificate.objects.filter(code=code).select_related("job").first()
+
+
+def public_verdict(report: GreenCertificate, result: dict) -> dict:
+    """What anyone holding ``report`` learns from a check (``result``: :func:`certificate_verify`'s): the
+    verdict, and the differences among what the PDF prints (its verification block's figures and code, and,
+    for an uploaded copy, its printed words); any other difference of the stored document is counted, not
+    shown (its team sees them)."""
+    from workers.green.certificate import READBACK_FIELDS
+
+    printed = {*READBACK_FIELDS, "verification.code"}
+    shown = [m for m in result["mismatches"] if m["field"] in printed]
+    job = report.document.get("job") or {}
+    out = {
+        "code": report.code,
+        "job": {"id": job.get("id"), "name": job.get("name")},
+        "issued_at": report.document.get("issued_at"),
+        "valid": result["valid"],
+        "code_matches": result["code_matches"],
+        "figures_match": result["figures_match"],
+        "mismatches": shown,
+        "other_differences": len(result["mismatches"]) - len(shown),
+        "checked": result["checked"],
+    }
+    if "pdf" in result:
+        out["pdf"] = result["pdf"]
+    return out
+
+
 def certificate_verify_upload(report: GreenCertificate, pdf: bytes) -> dict:
     """:func:`certificate_verify` with an uploaded PDF; ``ValueError`` with what a person should do when the
     upload is not a readable report (not a PDF, or one pypdf cannot read: its errors are of many types)."""

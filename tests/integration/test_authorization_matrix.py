@@ -249,6 +249,17 @@ API: dict[tuple[str, str], Op] = {
 }
 # the OpenAPI schema and its viewers: any signed-in user, no team objects
 DOCS = {("GET", "/api/schema/"), ("GET", "/api/docs/"), ("GET", "/api/redoc/")}
+# by a report's printed code, with or without a login (the report says anyone holding it may check it): the
+# same answer for anyone, holding only what the PDF prints; an unknown code is a 404 (a JSON body carries no
+# PDF: 400/415 for anyone)
+BY_CODE = {
+    ("GET", "/api/public/certificates/{code}/verify"): frozenset({200}),
+    ("POST", "/api/public/certificates/{code}/verify"): frozenset({400, 415}),
+}
+PUBLIC_VERDICT = {
+    "code", "job", "issued_at", "valid", "code_matches", "figures_match", "mismatches", "other_differences",
+    "checked",
+}  # fmt: skip
 
 
 @dataclass
@@ -527,6 +538,25 @@ def test_every_api_operation_is_team_scoped(world):
             problems.append(f"alice {method} {path} on her {op.obj or 'team'}: {status} {answer}")
         if op.lists and not {item["id"] for item in _items(answer)} & _team_a_ids(path, world):
             problems.append(f"alice {method} {path}: none of her objects listed: {answer}")
+    for (method, path), expected in sorted(BY_CODE.items()):
+        url = url_of(path, world, {"code": world.objects["certificate"]})
+        missing = url_of(path, world, {"code": "ZZZZ-ZZZZ-ZZZZ-ZZZZ-ZZZZ"})
+        body = None if method == "GET" else {}
+        answers = {
+            who: http(method, url, world.tokens.get(who), body) for who in ("anonymous", "bob", "alice")
+        }
+        for who, (status, answer) in answers.items():
+            if status not in expected or (status == 200 and set(answer) != PUBLIC_VERDICT):
+                problems.append(f"{who} {method} {path}: {status} {answer}")
+            if status == 200 and (answer["code"], answer["job"]) != (
+                world.objects["certificate"],
+                {"id": None, "name": None},
+            ):
+                problems.append(f"{who} {method} {path} shows more than the report prints: {answer}")
+            if (nothing := http(method, missing, world.tokens.get(who), body))[0] != 404:
+                problems.append(f"{who} {method} {path} with an unknown code: {nothing}")
+        if len({json.dumps(a, sort_keys=True) for a in answers.values()}) != 1:
+            problems.append(f"{method} {path}: not the same answer for everyone: {answers}")
     for method, path in sorted(DOCS):  # the schema and its viewers answer HTML or YAML: the status alone
         if (status := _get(world.base_url + path, None)) not in (401, 403):
             problems.append(f"anonymous {method} {path}: {status}")
@@ -757,9 +787,9 @@ def test_every_route_is_classified():
     from controlplane.live.routing import websocket_urlpatterns
 
     operations = api_operations()
-    unclassified = sorted(operations - set(API) - DOCS)
-    stale = sorted((set(API) | DOCS) - operations)
-    assert not unclassified, f"API operations without a row in API (or DOCS): {unclassified}"
+    unclassified = sorted(operations - set(API) - DOCS - set(BY_CODE))
+    stale = sorted((set(API) | DOCS | set(BY_CODE)) - operations)
+    assert not unclassified, f"API operations without a row in API (or DOCS, BY_CODE): {unclassified}"
     assert not stale, f"rows for operations that no longer exist: {stale}"
     pages = page_routes()
     assert not sorted(set(pages) - set(PAGES) - PUBLIC), "pages without a row in PAGES"

@@ -199,6 +199,7 @@ def check_energy_report(client, job, cli: tuple | None = None) -> None:
     GreenCertificate.objects.filter(pk=report.pk).update(printed_text="", printed_digest="")
     assert client.post(row["verify_url"], {"file": io.BytesIO(data)}, format="multipart").json()["valid"]
     assert GreenCertificate.objects.get(pk=report.pk).printed_text == report.printed_text
+    check_public_verify(row["code"], data, render_pdf(header), job)
     junk = client.post(row["verify_url"], {"file": io.BytesIO(b"not a pdf")}, format="multipart")
     assert junk.status_code == 400 and "PDF" in str(junk.json())
     # an altered stored figure fails: against the measurements and the code
@@ -212,6 +213,47 @@ def check_energy_report(client, job, cli: tuple | None = None) -> None:
     html = page.content.decode()
     assert page.status_code == 200 and 'data-valid="false"' in html and "Does not verify" in html
     assert '<tr data-field="results.kgco2e_location">' in html.split('id="mismatches"')[1]
+
+
+def check_public_verify(code: str, pdf: bytes, forged_pdf: bytes, job) -> None:
+    """The report says anyone holding it can check it: by its printed code, without a login, the same
+    verdict, holding only what the PDF prints; an uploaded copy too; rate-limited per caller."""
+    from django.contrib.auth.models import User
+    from rest_framework.test import APIClient
+    from rest_framework.throttling import ScopedRateThrottle
+
+    from controlplane.accounts.services import token_issue
+
+    anonymous = APIClient()
+    url = f"/api/public/certificates/{code.lower().replace('-', ' ')}/verify"
+    ok = anonymous.get(url)
+    assert ok.status_code == 200, ok.content
+    verdict = ok.json()
+    assert verdict["valid"] and verdict["mismatches"] == [] and verdict["other_differences"] == 0
+    assert verdict["job"] == {"id": job.pk, "name": job.name} and verdict["code"] == code
+    assert "team" not in json.dumps(verdict) and job.team.slug not in json.dumps(verdict)
+    genuine = anonymous.post(url, {"file": io.BytesIO(pdf)}, format="multipart")
+    assert genuine.status_code == 200 and genuine.json()["valid"], genuine.content
+    forged = anonymous.post(url, {"file": io.BytesIO(forged_pdf)}, format="multipart").json()
+    assert not forged["valid"] and forged["pdf"]["mismatches"][0]["field"] == "printed: kwh all attempts"
+    assert anonymous.get("/api/public/certificates/ZZZZ-ZZZZ-ZZZZ-ZZZZ-ZZZZ/verify").status_code == 404
+    assert anonymous.get(f"/api/certificates/{code}/verify").status_code in (
+        401,
+        403,
+    )  # the team's full check
+    # rate-limited per caller (here a user of no team: the public check needs none), with when to come back
+    caller = APIClient()
+    caller.credentials(
+        HTTP_AUTHORIZATION=f"Token {token_issue(user=User.objects.create_user('holder'), name='t')[1]}"
+    )
+    saved = ScopedRateThrottle.THROTTLE_RATES  # read from the settings when DRF loaded: set here for a moment
+    ScopedRateThrottle.THROTTLE_RATES = {"report-check": "3/min"}
+    try:
+        answers = [caller.get(url) for _ in range(4)]
+    finally:
+        ScopedRateThrottle.THROTTLE_RATES = saved
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert "throttled" in answers[-1].json()["detail"] and answers[-1].get("Retry-After")
 
 
 def logged_in(user):

@@ -166,7 +166,7 @@ def test_a_report_from_the_energy_account_over_the_gb_history_verifies(
 
     v = document["verification"]
     assert CODE_RE.match(v["code"]) and len(v["digest"]) == 64 and v["algorithm"] == "HMAC-SHA256"
-    assert v["verify_path"] == f"/api/certificates/{v['code']}/verify"
+    assert v["verify_path"] == f"/api/public/certificates/{v['code']}/verify"
     assert verify_certificate(document, recomputed=recomputed, secret=SECRET) == {
         "valid": True,
         "code_matches": True,
@@ -244,7 +244,7 @@ def test_the_pdf_shows_the_code_the_estimate_labels_the_figures_and_how_to_verif
     code = document["verification"]["code"]
     assert "Energy and carbon report for training job llama-7b-" in text
     assert f"Verification code: {code}" in text
-    assert f"GET /api/certificates/{code}/verify" in text
+    assert f"GET /api/public/certificates/{code}/verify" in text and "no account needed" in text
     assert "Energy is an estimate: no power meter on this machine" in text
     # every energy-derived figure carries the estimate label next to its value
     r = document["results"]

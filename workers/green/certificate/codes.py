@@ -15,7 +15,7 @@ from workers.green.certificate.canonical import canonical_json
 
 CODE_CHARS = 20
 """Characters of the base32 HMAC digest in the human code (100 bits), printed in groups of four."""
-VERIFY_PATH = "/api/certificates/{code}/verify"
+VERIFY_PATH = "/api/public/certificates/{code}/verify"
 ALGORITHM = "HMAC-SHA256"
 _KEY_CONTEXT = b"cann-train/green/energy-and-carbon-report/v1"
 """Domain separation: the HMAC key is HMAC-SHA256(secret, this), so the control plane's SECRET_KEY can be

@@ -74,12 +74,12 @@ $inputs
 <ul>$notes</ul>
 <div class="verify">
 <h2>How to verify</h2>
-<p>Ask the control plane that issued this report: <b>GET $verify_path</b> (or
-GET /api/certificates/&lt;code&gt;/verify with the code above). It recomputes every figure from the job's
-stored measurements and says whether this report matches them; an altered figure, input or code fails.
-A downloaded PDF can be checked the same way: its printed code and the figures below are compared with the
-stored report. Every number below is written exactly as the code covers it ($sig significant figures,
-plain decimal).</p>
+<p>Ask the control plane that issued this report, no account needed: <b>GET $verify_path</b>
+(or GET /api/public/certificates/&lt;code&gt;/verify with the code above). It recomputes every figure from the
+job's stored measurements and says whether this report matches them; an altered figure, input or code fails.
+A downloaded PDF can be checked the same way (POST it to the same address as <b>file</b>): its printed code
+and every word it prints are compared with the report as issued. Every number below is written exactly as
+the code covers it ($sig significant figures, plain decimal).</p>
 <div class="readback"><div>$readback_title</div>
 $readback</div>
 </div>
