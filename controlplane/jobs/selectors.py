@@ -486,7 +486,9 @@ def elastic_index(job: TrainingJob) -> dict:
         ),
     ]
     recovered = job.faults.filter(rto_s__isnull=False).count()
-    ran = bool(job.measured) or job.state in (JobState.RUNNING, JobState.RECOVERING)
+    # ran: any attempt started (a job that failed, was cancelled or is being restored ran too; its measured
+    # run is only stored when an attempt ends well)
+    ran = bool(job.measured) or job.started_at is not None or job.attempts > 1
     return {
         "eti": m.eti(factors),
         "maturity": m.maturity(
@@ -495,6 +497,7 @@ def elastic_index(job: TrainingJob) -> dict:
             ran=ran,
             max_restarts=job.max_restarts,
             recovered=recovered,
+            green_scheduled=job.green_schedule_id is not None,
         ),
     }
 

@@ -71,3 +71,26 @@ def test_the_job_page_shows_the_index_and_the_level(alice_api, client, make_memb
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="eti-panel"' in html and 'id="maturity-level">L1<' in html
     assert "run it on 1 rank to measure the baseline" in html
+
+
+def test_a_job_that_ran_and_failed_or_was_restored_is_l1_and_l5_is_available(alice_api):
+    """Issue 35: a dp2 job with snapshots and automatic recovery showed "L0 … L1 ✗ trains data-parallel" (its
+    measured run is stored only when an attempt ends well), and L5 said green scheduling and risk prevention
+    were "not available in this version" although both exist."""
+    from django.utils import timezone
+
+    from controlplane.jobs.models import TrainingJob
+
+    job = _job(alice_api.team, world=2, tokens_per_s=1500.0, snapshot_every=5, snapshot_dir="/tmp/x")
+    TrainingJob.objects.filter(pk=job.pk).update(
+        state="failed", measured=None, goodput=None, started_at=timezone.now(), attempts=2
+    )
+    level = alice_api.get(f"/api/jobs/{job.pk}/").json()["elastic_index"]["maturity"]
+    criteria = {c["name"]: c for c in level["criteria"]}
+    assert criteria["trains data-parallel on the cluster"]["met"] and level["level"] == 1
+    assert criteria["fault-risk prediction and prevention"]["met"]  # risk_policy act (default), snapshots on
+    green = criteria["carbon-aware (green) scheduling"]
+    assert not green["met"] and green["available"] and "carbon_aware" in green["how"]
+    assert all(c["available"] for c in level["criteria"])
+    TrainingJob.objects.filter(pk=job.pk).update(started_at=None, attempts=1)  # queued, never started
+    assert alice_api.get(f"/api/jobs/{job.pk}/").json()["elastic_index"]["maturity"]["level"] == 0

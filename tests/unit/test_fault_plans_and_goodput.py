@@ -214,11 +214,17 @@ def test_maturity_level_is_the_highest_whose_criteria_all_hold():
     assert [c["name"] for c in plain["criteria"] if not c["met"]][0] == "strategy chosen by the planner"
     full = maturity({"comm_hook": "topk_ef", "snapshot_every": 10, "snapshot_memory_every": 2}, from_plan=True,
                     ran=True, max_restarts=3, recovered=2)  # fmt: skip
-    assert full["level"] == 4  # L5 needs green scheduling and risk prevention, not in this version
-    assert {c["name"]: c["available"] for c in full["criteria"] if c["level"] == 5} == {
-        "carbon-aware (green) scheduling": False,
-        "fault-risk prediction and prevention": False,
+    assert full["level"] == 4  # L5 needs green scheduling besides risk prevention (on: snapshots, policy act)
+    assert {c["name"]: (c["met"], c["available"]) for c in full["criteria"] if c["level"] == 5} == {
+        "carbon-aware (green) scheduling": (False, True),
+        "fault-risk prediction and prevention": (True, True),
     }
+    green = {"comm_hook": "topk_ef", "snapshot_every": 10}
+    assert maturity(green, from_plan=True, ran=True, max_restarts=3, green_scheduled=True)["level"] == 5
+    observe = maturity(
+        {**green, "risk_policy": "observe"}, from_plan=True, ran=True, max_restarts=3, green_scheduled=True
+    )
+    assert observe["level"] == 4 and not [c for c in observe["criteria"] if not c["available"]]
     assert full["extras"] == ["in-memory snapshot tier", "recovered from 2 fault(s) in this run"]
     no_restarts = maturity(
         {"comm_hook": "fp16", "snapshot_every": 10}, from_plan=True, ran=True, max_restarts=0

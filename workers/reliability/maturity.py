@@ -19,7 +19,7 @@ A factor that cannot be computed is ``None`` with the reason, and so is the inde
 - L5 + green scheduling and fault-risk prevention.
 
 A job's level is the highest whose criteria (and all lower ones) hold; the unmet criteria say how to switch
-them on. Criteria of capabilities this version does not have yet are unmet with ``available: False``.
+them on. (``available: False`` marks a criterion of a capability this version lacks: none today.)
 """
 
 from __future__ import annotations
@@ -102,11 +102,23 @@ class Criterion:
     available: bool = True
 
 
-def maturity(config: dict, *, from_plan: bool, ran: bool, max_restarts: int, recovered: int = 0) -> dict:
+def maturity(
+    config: dict,
+    *,
+    from_plan: bool,
+    ran: bool,
+    max_restarts: int,
+    recovered: int = 0,
+    green_scheduled: bool = False,
+) -> dict:
     """The level of a job from its runtime config (``JobConfig`` as a dict), whether it was launched from a
-    planner plan, whether it ran at all, its restart budget and how many faults it recovered from."""
+    planner plan, whether it ran at all (any attempt started), its restart budget, how many faults it
+    recovered from and whether it ran under a carbon-aware schedule."""
     hook = config.get("comm_hook")
     snap = int(config.get("snapshot_every") or 0)
+    # the risk watch's prevention acts (snapshot now, drain) under risk_policy "act", the default; it needs
+    # snapshots to protect the job with (controlplane.jobs.services.watches)
+    prevents = (config.get("risk_policy") or "act") == "act" and snap > 0
     crit = [
         Criterion(1, "trains data-parallel on the cluster", ran, "launch the job"),
         Criterion(
@@ -128,14 +140,16 @@ def maturity(config: dict, *, from_plan: bool, ran: bool, max_restarts: int, rec
             "keep max_restarts > 0 with snapshots on",
         ),
         Criterion(
-            5, "carbon-aware (green) scheduling", False, "not available in this version (issue 13)", False
+            5,
+            "carbon-aware (green) scheduling",
+            green_scheduled,
+            "submit it with carbon_aware (a deadline) or a stored green_schedule (the Green page)",
         ),
         Criterion(
             5,
             "fault-risk prediction and prevention",
-            False,
-            "not available in this version (issue 14)",
-            False,
+            prevents,
+            "keep risk_policy act (the default) with snapshots on: the risk watch snapshots and drains ahead of a fault",
         ),
     ]
     level = 0
