@@ -516,6 +516,10 @@ class JobRowSerializer(serializers.Serializer):
     measured_is_final = serializers.BooleanField(
         help_text="true: the run summary; false: the mean over the latest steady steps"
     )
+    measured_is_live = serializers.BooleanField(
+        help_text="true: the job trains now and its figures move; false with measured_is_final false: the "
+        "mean of its last steady steps before it stopped"
+    )
     steady = serializers.ListField(
         child=serializers.ListField(child=serializers.FloatField()),
         help_text="[step_time_s, tokens_per_s] of the latest steady steps (a page goes on from them)",

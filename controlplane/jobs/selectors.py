@@ -137,6 +137,12 @@ class JobRow:
     steady: SteadyFigures
 
     @property
+    def measured_is_live(self) -> bool:
+        """The measured figures are those of a job training now (they move); a stopped job's are the mean of
+        its last steady steps before it stopped, not live."""
+        return not self.measured_is_final and self.job.state in TrainingJob.ACTIVE_STATES
+
+    @property
     def progress(self) -> float | None:
         """Steps done of the run (1 once it succeeded); None before the first step."""
         if self.job.state == "succeeded":
@@ -166,6 +172,7 @@ class JobRow:
             "predicted_step_time_s": self.predicted_step_time_s,
             "measured_step_time_s": self.measured_step_time_s,
             "measured_is_final": self.measured_is_final,
+            "measured_is_live": self.measured_is_live,
             "steady": [list(r) for r in self.steady.recent],
             "last_step": self.steady.last_step,
             "last_seq": self.steady.last_seq,

@@ -122,6 +122,21 @@ def test_list_shows_predicted_and_measured_step_time(alice, client):
     assert rows[done.pk].measured_is_final and rows[done.pk].tokens_per_s == 2048.0
     assert rows[running.pk].tokens_per_s == 1002.0 and not rows[running.pk].measured_is_final
     assert rows[running.pk].strategy == "tp1-pp1-dp2-ep1"
+    assert rows[running.pk].measured_is_live and not rows[done.pk].measured_is_live
+
+
+def test_a_stopped_job_is_not_shown_live(alice, client):
+    """Issue 35: a cancelled job showed "(live)" beside the mean of the steps it trained before it stopped."""
+    running = make_job(alice, name="training", state="running")
+    stopped = make_job(alice, name="stopped", state="cancelled")
+    for job in (running, stopped):
+        store_train_events(job, [5.0, 4.0])
+    html = client.get("/jobs/").content.decode()
+    cells = {name: html.split(f">{name}<")[1].split("</tr>")[0] for name in ("training", "stopped")}
+    assert "(live)" in cells["training"] and "(last steps)" not in cells["training"]
+    assert "(live)" not in cells["stopped"] and "(last steps)" in cells["stopped"]
+    rows = {r["id"]: r for r in client.get("/api/jobs/rows/").json()}
+    assert rows[running.pk]["measured_is_live"] and not rows[stopped.pk]["measured_is_live"]
 
 
 def test_compare_with_an_id_too_long_for_the_database_is_a_form_error(client, django_user_model):

@@ -69,7 +69,9 @@ export const JOB_COLUMNS = {
     label: "measured", num: true, sortValue: (r) => r.measured_step_time_s,
     render: (r) => (r.measured_step_time_s == null ? [h("span", { class: "muted" }, MISSING)] : [
       formatSeconds(r.measured_step_time_s),
-      r.measured_is_final ? null : h("span", { class: "muted", title: `mean of the latest ${STEADY_WINDOW} steady steps` }, " (live)"),
+      r.measured_is_final ? null : r.measured_is_live
+        ? h("span", { class: "muted", title: `mean of the latest ${STEADY_WINDOW} steady steps` }, " (live)")
+        : h("span", { class: "muted", title: `mean of its last ${STEADY_WINDOW} steady steps before it stopped` }, " (last steps)"),
     ]),
   },
   age: {
