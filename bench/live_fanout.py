@@ -487,3 +487,7 @@ def print_summary(rows: list[dict], args) -> None:
                 f"{row['p99_ms']:.1f} ms, lost {row['lost']}, dup/order {row['dup_or_disorder']}: "
                 f"{'met' if met else 'NOT met'}"
             )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
