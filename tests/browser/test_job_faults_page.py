@@ -159,6 +159,9 @@ def test_faults_snapshots_and_goodput_show_and_update_live_on_the_job_page(live_
     record_fault(job_id=job.pk, attempt=1, fault=hang)
     page.wait_for_selector("#job-state[data-state=recovering]", timeout=20000)
     page.wait_for_function(f"() => ({FAULT_TRACE})()?.x.length === 2", timeout=10000)
+    # the restarts left follow the fault without a reload (issue 35: it stayed "4 left" until one)
+    page.wait_for_selector("#job-restarts-left[data-value='3']", timeout=10000)
+    assert "5 restarts (3 left)" in page.inner_text("#job-policy")
     assert "not recovered (yet)" in page.evaluate(FAULT_TRACE)["hovertext"][1]
     assert page.locator("#fault-table tbody tr[data-recovered=no]").count() == 1
     record_recovery(

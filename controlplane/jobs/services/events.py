@@ -16,6 +16,11 @@ log = logging.getLogger(__name__)
 
 
 def job_event(job: TrainingJob, values: dict) -> None:
+    if "fault" in values or "recovery" in values:
+        # the page's "(N left)" follows a fault live: the figure the page rendered, from the same selector
+        from controlplane.jobs.selectors import restarts_left
+
+        values = {**values, "restarts_left": restarts_left(job)}
     publish_after_commit(job.stream, "event", values)
     if "state" in values:  # open job lists of the team refresh this row (a new job: add it)
         notify_after_commit("jobs", job.team_id, {"id": job.pk, "state": values["state"]})

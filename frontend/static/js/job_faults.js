@@ -148,6 +148,10 @@ export class ElasticPanel {
 
   // a fault, a recovery, a snapshot or the goodput reported while the page is open
   note(v) {
+    if (v.restarts_left != null) {  // the server's count after this fault (controlplane.jobs.selectors.restarts_left)
+      const left = document.getElementById("job-restarts-left");
+      if (left) { left.textContent = v.restarts_left; left.dataset.value = v.restarts_left; }
+    }
     if (v.fault || v.recovery) {
       const f = v.recovery || v.fault;
       // a fault event after its recovery (the relay may store them out of order) does not undo it
