@@ -78,6 +78,14 @@ def test_relaunch_is_a_trace_of_its_own_and_the_log_streams_while_it_runs(live_s
     xs = page.evaluate("() => document.getElementById('chart-loss').data.map(t => t.x)")
     assert len(xs[0]) >= attempt_1_steps and xs[0][:3] == [1, 2, 3]
     assert xs[3][:4] == [1, 2, 3, 4] and xs[2] == [] and xs[5] == []
+    # the energy chart (the job's totals over its attempts) breaks where attempt 2 starts again at step 1,
+    # instead of joining it onto attempt 1 as one zig-zag line
+    page.wait_for_function(
+        "() => document.getElementById('chart-energy').data[0].x.includes(null)", timeout=90000
+    )
+    energy_x = page.evaluate("() => document.getElementById('chart-energy').data[0].x")
+    gap = energy_x.index(None)
+    assert gap > 0 and energy_x[gap + 1] <= energy_x[gap - 1] and energy_x.count(None) == 1
     # profiled steps (every 2nd) are not on the throughput line
     tokens_x = page.evaluate("() => document.getElementById('chart-tokens').data[1].x")
     assert tokens_x[:2] == [1, 3] and all(x % 2 for x in tokens_x)

@@ -6,7 +6,8 @@ import { JOB_STATES } from "./event_text.js";
 import { setStatePill } from "./job_detail.js";
 import { AttemptTracker } from "./job_series.js";
 
-// One line per job and attempt: a relaunch is a line of its own (it starts again at step 1), never joined
+// One line per job and attempt: a relaunch is a line of its own (it starts again at step 1, a restore at the
+// step after its snapshot), never joined
 // to the attempt before it. Profiled steps are left out of the tokens/s lines (the profiler slows them).
 export function initCompare(series) {
   const lossDiv = document.getElementById("compare-loss");

@@ -7,13 +7,21 @@ export class EnergyPanel {
   constructor() {
     this.last = new Map();  // attempt -> the values of its latest energy event
     this.points = [];       // {step, kwh, kgco2e, watts}: the job's totals after each event
+    this.attempt = null;    // the attempt of the newest point
   }
 
   // an "energy" event: the attempt's running totals since its start (workers/green/job.py); the job's are
   // the sum over attempts, as the API's (controlplane/green/selectors.py)
   note(e, attempt) {
     const v = e.values || {};
-    this.last.set(v.attempt || attempt, v);
+    const a = v.attempt || attempt;
+    this.last.set(a, v);
+    // a later attempt goes on from the step it resumed at (or 1): a break in the lines, as on the loss
+    // chart, not a zig-zag back to an earlier step
+    if (this.attempt != null && a !== this.attempt && this.points.length) {
+      this.points.push({ step: null, kwh: null, kgco2e: null, watts: null });
+    }
+    this.attempt = a;
     const t = this.totals();
     this.points.push({ step: e.step, kwh: t.kwh, kgco2e: t.kgco2e, watts: v.watts });
   }
