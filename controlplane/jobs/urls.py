@@ -8,4 +8,5 @@ urlpatterns = [
     path("", views.job_list, name="job-list"),
     path("compare/", views.job_compare, name="job-compare"),
     path("<int:pk>/", views.job_detail, name="job-detail"),
+    path("<int:pk>/eti/", views.job_eti_panel, name="job-eti"),
 ]

@@ -115,6 +115,18 @@ def job_detail(request, pk: int):
 
 
 @login_required
+def job_eti_panel(request, pk: int):
+    """The job page's Elastic Training Index panel alone (the page swaps it in when a goodput event, or the
+    job's end, changes what it shows): the same template and selector as the page, so both say the same."""
+    job = selectors.job_of(request.user, pk)
+    if job is None:
+        raise Http404("No such job among your teams' jobs.")
+    return render(
+        request, "jobs/_eti_panel.html", {"job": job, "elastic_index": selectors.elastic_index(job)}
+    )
+
+
+@login_required
 def job_compare(request):
     form = CompareForm(request.GET or None, user=request.user)
     if not form.is_valid():

@@ -203,6 +203,13 @@ def test_faults_snapshots_and_goodput_show_and_update_live_on_the_job_page(live_
         "() => document.getElementById('goodput-value').dataset.value === '0.914'", timeout=10000
     )
     assert page.inner_text("#goodput-value") == "91.4%"
+    # the Elastic Training Index panel says the same goodput without a reload (issue 35: "Goodput — no
+    # timeline recorded" beside a goodput card of 55.1%)
+    page.wait_for_function(
+        "() => document.querySelector('#eti-factors tr[data-factor=goodput] td.num')?.textContent.trim() === '0.914'",
+        timeout=10000,
+    )
+    assert "no timeline recorded" not in page.inner_text("#eti-panel")
     seconds = page.eval_on_selector_all(
         "#badput-table tbody tr",
         "rows => Object.fromEntries(rows.map(r => [r.dataset.badput, Number(r.lastChild.dataset.value)]))",

@@ -281,6 +281,7 @@ PAGES: dict[str, Page] = {
     "job-list": Page("/jobs/"),
     "job-compare": Page("/jobs/compare/?ids={job}", bob="same"),
     "job-detail": Page("/jobs/{job}/", bob="404"),
+    "job-eti": Page("/jobs/{job}/eti/", bob="404"),
     "search-list": Page("/planning/"),
     "planning-seed": Page("/planning/seed/", method="POST", data={"team": "team-a"}, own=302, bob="seed"),
     "search-detail": Page("/planning/searches/{search}/", bob="404"),

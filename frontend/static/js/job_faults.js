@@ -43,6 +43,20 @@ export class ElasticPanel {
     this.snapshots = new Map((job.snapshots || []).map((x) => [x.name, x]));
     this.goodput = job.goodput || this.goodput;
     this.render();
+    this.refreshIndex();
+  }
+
+  // the Elastic Training Index panel, rendered again by the server (the page's own template and selector,
+  // /jobs/<id>/eti/): its goodput factor is the goodput this panel shows, never "no timeline" beside it
+  async refreshIndex() {
+    const panel = document.getElementById("eti-panel");
+    if (!panel || !panel.dataset.refresh) return;
+    const r = await fetch(panel.dataset.refresh, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+    if (!r.ok) return;
+    const holder = document.createElement("div");
+    holder.innerHTML = await r.text();  // our template, rendered for this user: no script in it
+    const fresh = holder.querySelector("#eti-panel");
+    if (fresh) panel.replaceWith(fresh);
   }
 
   render() {
@@ -168,6 +182,7 @@ export class ElasticPanel {
     if (v.goodput) {
       this.goodput = v.goodput;
       this.renderGoodput();
+      this.refreshIndex();
     }
   }
 }
