@@ -238,6 +238,10 @@ def test_launch_form_then_reload_mid_run_keeps_zoom_and_cancel_ends_it(live_stac
     page.click("#cancel-button")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60000)
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=30).state == "cancelled"
+    # a job that no longer runs has no live risk, on its page as in the dashboard's row (issue 35: the page
+    # kept "low" or "unprotected" while the lists showed "—")
+    page.wait_for_selector("#risk-badge[data-badge=none]", timeout=10000)
+    assert page.get_attribute("#risk-badge", "title") == "not running: no live risk score"
     assert page.is_visible("#relaunch-button") and page.is_hidden("#cancel-button")
     assert page.js_errors == []
 

@@ -7,7 +7,7 @@
 // carries its fault-risk badge (risk.js): its API record's `risk`, then its live risk events.
 import { LiveClient } from "./live.js";
 import { LiveJobRows, TERMINAL, renderRow, timeAgo } from "./job_rows.js";
-import { LiveRiskBadges, setBadge } from "./risk.js";
+import { LiveRiskBadges, NOT_SCORED_TITLE, SCORED_STATES, setBadge } from "./risk.js";
 import { describeEvent } from "./event_text.js";
 import { failureLines, h, postJSON } from "./common.js";
 
@@ -131,7 +131,7 @@ function initTables(lists, panel) {
       tr.querySelector("td[data-col=risk]").replaceChildren(badge);
     }
     setBadge(badge, risk.badgeOf(row));
-    if (TERMINAL.has(row.state)) badge.title = "not running: no live risk score";
+    if (!SCORED_STATES.has(row.state) && row.state !== "queued") badge.title = NOT_SCORED_TITLE;
   };
   const risk = new LiveRiskBadges({
     onChange: (id) => { const tr = trs.get(id), row = jobs.rows.get(id); if (tr && row) renderRisk(tr, row); },

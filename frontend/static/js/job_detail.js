@@ -50,7 +50,7 @@ class JobDetail {
     this.energy = new EnergyPanel();
     this.log = new JobLog(page);
     // (the page's attempt count: its queued event may not be stored yet)
-    this.risk = new FaultRiskPanel(page, () => Math.max(1, page.attempts || 0, this.series.tracker.current));
+    this.risk = new FaultRiskPanel(page, () => Math.max(1, page.attempts || 0, this.series.tracker.current), () => this.state);
   }
 
   async start() {
@@ -203,7 +203,9 @@ class JobDetail {
   }
 
   setState(state) {
+    const was = this.state;
     this.state = state;
+    if (was !== state && this.risk) this.risk.render();  // the risk badge is live only while it runs
     setStatePill(this.el("job-state"), state);
     document.body.dataset.jobState = state;
     // the place in the queue is only known at page load: gone once a worker took the job (or it ended)

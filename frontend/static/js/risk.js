@@ -32,6 +32,10 @@ export function riskLevel(risk) {
   return risk >= ACT_RISK ? "high" : risk >= WARN_RISK ? "medium" : "low";
 }
 
+// the states in which a job has a live risk badge (the job page's and the dashboard's alike)
+export const SCORED_STATES = new Set(["launching", "running", "recovering"]);
+export const NOT_SCORED_TITLE = "not running: no live risk score";
+
 // The job's risk from its nodes' newest scores (controlplane/jobs/selectors.py job_risk, same rule): the
 // riskiest node's level, and the badge: high / medium when a node is there, else "unprotected" for a job
 // that takes no snapshots (a failure would cost the whole run), else low. `isProtected` null: not known
@@ -136,9 +140,10 @@ function unitOf(key) {
 export class FaultRiskPanel {
   // page: the job page's data; currentAttempt(): the attempt the job is on now (job_series.js AttemptTracker);
   // the panel's element says whether the job takes snapshots (data-protected)
-  constructor(page, currentAttempt) {
+  constructor(page, currentAttempt, state = () => page.state) {
     this.page = page;
     this.currentAttempt = currentAttempt;
+    this.state = state;  // the job's state now: a job not running has no live risk (as on the dashboard)
     this.el = (id) => document.getElementById(id);
     const panel = this.el("risk-panel");
     this.protected = panel ? panel.dataset.protected === "yes" : null;
@@ -192,8 +197,11 @@ export class FaultRiskPanel {
 
   renderRisk() {
     const nodes = this.currentNodes();
-    const r = jobRisk(nodes, this.protected);
+    // one rule with the dashboard's rows (LiveRiskBadges.badgeOf): a badge while the job runs, else none
+    const scored = SCORED_STATES.has(this.state());
+    const r = scored ? jobRisk(nodes, this.protected) : null;
     setBadge(this.el("risk-badge"), r);
+    if (!scored) this.el("risk-badge").title = NOT_SCORED_TITLE;
     this.el("risk-empty").hidden = nodes.length > 0;
     this.el("risk-nodes").replaceChildren(...nodes.map((n) => {
       const flagged = (n.ranks || []).filter((x) => x.flagged);
@@ -331,7 +339,6 @@ export class FaultRiskPanel {
 // ------------------------------------------------------------------------------------- dashboard
 
 const RELOAD_MS = 5000;  // a job's API record is read again at most this often (while its protection is unknown)
-const SCORED_STATES = new Set(["launching", "running", "recovering"]);
 
 // The risk badges of the dashboard's running jobs: each job's `risk` from its API record (GET /api/jobs/<id>/),
 // then its live risk events (each node's newest score) on the streams the dashboard follows anyway.
