@@ -188,6 +188,9 @@ def test_a_big_plan_launches_scaled_down_as_a_labelled_job_that_runs_here(live_s
     page.goto(f"{live_stack.base_url}/planning/plans/{plan_id}/")
     page.wait_for_selector("#scale-down")
     assert "1,024 devices" in page.inner_text("#not-here")
+    # its own Launch could only fail ("use more nodes"): disabled, saying why; the scaled-down one is offered
+    assert page.is_disabled("#launch-button")
+    assert "cannot run on this machine" in page.get_attribute("#launch-button", "title")
     section = page.inner_text("#scale-down")
     assert f'"scaled-down from plan #{plan_id}"' in section and "cp, ep, dp" in section
     row = page.locator("#scale-down-diff tr[data-field='cluster.devices'] td")
