@@ -47,6 +47,7 @@ def test_relaunch_is_a_trace_of_its_own_and_the_log_streams_while_it_runs(live_s
     assert "profiler_" not in page.evaluate(LOG) and "FutureWarning" not in page.evaluate(LOG)
     wait_for_points(page, 4)
 
+    page.once("dialog", lambda dialog: dialog.accept())  # "Cancel this job?"
     page.click("#cancel-button")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60000)
     page.wait_for_selector("#job-error:not([hidden])", timeout=10000)

@@ -235,6 +235,13 @@ def test_launch_form_then_reload_mid_run_keeps_zoom_and_cancel_ends_it(live_stac
     assert "no snapshots" in dashboard.get_attribute(badge, "title")
     dashboard.close()
 
+    # a cancel asks first: dismissed, nothing is sent and the job runs on
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click("#cancel-button")
+    assert asked and asked[0].startswith("Cancel this job?") and "snapshots are kept" in asked[0]
+    assert page.get_attribute("#job-state", "data-state") == "running" and page.is_enabled("#cancel-button")
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click("#cancel-button")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=60000)
     assert wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=30).state == "cancelled"

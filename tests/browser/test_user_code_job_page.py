@@ -53,6 +53,7 @@ def test_a_user_script_trains_live_on_its_page_and_stops_when_cancelled(live_sta
     assert xs == list(range(1, len(xs) + 1))
     assert wait_for_points(page, 0, chart="chart-tokens") > 0  # tokens/s from the tokens it reports
 
+    page.once("dialog", lambda dialog: dialog.accept())  # "Cancel this job?"
     page.click("#cancel-button")
     page.wait_for_selector("#job-state[data-state=cancelled]", timeout=90000)
     job = wait_for_state(job.pk, {"cancelled", "failed", "succeeded"}, timeout=30)

@@ -16,6 +16,11 @@ export function bindJobActions(detail) {
   const api = detail.page.api;
   const cancel = el("cancel-button");
   cancel.addEventListener("click", async () => {
+    // a cancel stops every rank of a running job: asked once (its snapshots are kept: a relaunch or a restore
+    // goes on from them)
+    const sure = window.confirm("Cancel this job? Its ranks are stopped now; its snapshots are kept, so it can be " +
+      "relaunched or restored later.");
+    if (!sure) return;
     cancel.disabled = true;
     showActionError("");
     const r = await postJSON(`${api}cancel/`);
