@@ -3,8 +3,10 @@ controlplane/live/routing.py."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
@@ -70,7 +72,11 @@ api_patterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # no inline script (the Content-Security-Policy): Swagger UI's comes from its own URL (the split view),
     # Redoc's from frontend/static/js/redoc.js; Redoc's search runs in a worker made from a blob: URL
-    path("docs/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="docs"),
+    path(
+        "docs/",
+        SpectacularSwaggerSplitView.as_view(url_name="api:schema", template_name="api/swagger_ui.html"),
+        name="docs",
+    ),
     path(
         "redoc/",
         csp_update(worker_src=["blob:"])(
@@ -99,6 +105,8 @@ urlpatterns = [
     path("green/reports/<str:code>/", green_report, name="green-report"),
     path("failure-patterns/", failure_views.failure_pattern_list, name="failure-pattern-list"),
     path("failure-patterns/<str:key>/", failure_views.failure_pattern_detail, name="failure-pattern-detail"),
+    # browsers ask for /favicon.ico where a page names none (the API's docs, a PDF): the app's icon
+    path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True), name="favicon"),
     path("healthz", healthz, name="healthz"),
     path("livez", livez, name="livez"),
     path("readyz", readyz, name="readyz"),

@@ -49,6 +49,17 @@ def test_schema_and_docs_are_served_without_a_cdn(live_stack, make_member, token
     with urllib.request.urlopen(req, timeout=15) as r:
         page = r.read().decode()
     assert "swagger-ui" in page and "/static/drf_spectacular_sidecar/" in page
+    # a way back into the app from either viewer (issue 35)
+    assert '<nav id="api-docs-nav"><a href="/">' in page
+    req = urllib.request.Request(
+        live_stack.base_url + "/api/redoc/", headers={"Authorization": f"Token {token}"}
+    )
+    with urllib.request.urlopen(req, timeout=15) as r:
+        assert '<nav id="api-docs-nav"><a href="/">' in r.read().decode()
+    # the app's icon, also where a page names none (/favicon.ico)
+    with urllib.request.urlopen(live_stack.base_url + "/favicon.ico", timeout=15) as r:
+        assert r.status == 200 and r.url.endswith("/static/img/favicon.svg")
+        assert r.headers["Content-Type"].startswith("image/svg+xml") and b"<svg" in r.read()
     # no script or stylesheet from another host (a bare "cdn" search failed once on a random CSRF token)
     assert not re.search(r"<(script|link)\b[^>]*\b(src|href)=[\"'](https?:)?//", page), page
     with urllib.request.urlopen(live_stack.base_url + "/static/plotly/plotly.min.js", timeout=15) as r:

@@ -316,7 +316,7 @@ PAGES: dict[str, Page] = {
 }
 # open to anyone by design; /metrics is for operators: a bearer METRICS_TOKEN or loopback only
 # (tests/integration/test_metrics.py)
-PUBLIC = {"login", "logout", "healthz", "livez", "readyz", "metrics"}
+PUBLIC = {"login", "logout", "healthz", "livez", "readyz", "metrics", "favicon"}
 
 
 # --- the objects --------------------------------------------------------------------------------------
