@@ -5,6 +5,8 @@ and launched; a plan for 1024 devices is launched scaled down (the diff shown fi
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.browser.test_visualizer import contract, log_in, shoot
@@ -90,6 +92,38 @@ def test_a_failed_search_shows_one_message_with_what_to_change_and_no_views(
         assert not page.is_visible(f"#view-{view}")
     assert page.evaluate(ACTIVE_CONTROLS) == []
     shoot(page, "failed-search")
+    # "Edit and run again": the planner page's form, filled in with this search's request; fixing the batch
+    # the message named runs it again (issue 35: a failed search could not be edited)
+    page.click("#edit-search")
+    page.wait_for_selector("#new-search-from:not([hidden])")
+    assert f"Filled in from search {search.pk}" in page.inner_text("#new-search-from")
+    assert page.input_value("#new-search [name=global_batch_size]") == "7"
+    assert (
+        page.input_value("#new-search [name=pp]") == "16" and page.input_value("#new-search [name=cp]") == "1"
+    )
+    # its cluster and model were documents, not stored ones: the form says to pick them
+    assert search.cluster_id is None and "sent as a document" in page.inner_text("#new-search-from")
+    # from the knowledge base: the cluster and the model are picked again too, and the fixed batch runs
+    token = token_for(alice)
+    cluster = http("POST", base + "/api/clusters/", token, contract("cluster.json"))[1]["id"]
+    model = http("POST", base + "/api/models/", token, contract("model-moe.json"))[1]["id"]
+    ids = {"cluster": cluster, "model": model, "training": training, "strategy": {"pp": 16, "cp": 1}}
+    status, body = http("POST", base + "/api/searches/", token, ids)
+    assert status == 201, body
+    failed = wait_search_state(body["id"])
+    assert failed.state == "failed"
+    page.goto(f"{base}/planning/?from={failed.pk}")
+    page.wait_for_selector("#new-search-from:not([hidden])")
+    assert "sent as a document" not in page.inner_text("#new-search-from")
+    assert page.input_value("#new-search [name=cluster]") == str(cluster)
+    assert page.input_value("#new-search [name=model]") == str(model)
+    page.fill("#new-search [name=global_batch_size]", "6")
+    page.click("#new-search button[type=submit]")
+    page.wait_for_url(re.compile(r".*/planning/searches/\d+/$"))
+    again = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    assert again not in (search.pk, failed.pk)
+    rerun = wait_search_state(again)
+    assert rerun.request["training"]["global_batch_size"] == 6 and rerun.request["strategy"]["pp"] == 16
     assert page.js_errors == []
 
 
