@@ -20,3 +20,13 @@ def count_text(value) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
     return f"{x:.3g}"
+
+
+@register.filter
+def billions_text(value) -> str:
+    """A parameter count given in billions, in the unit that reads: ``7.0 B``, ``25 M`` (not ``0.0 B``)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    return count_text(x * 1e9)

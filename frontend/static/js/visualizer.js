@@ -370,7 +370,7 @@ export function initSearchPage() {
     if (!views.diff || !best) return;
     if (data.parent_best) {
       const lost = data.search.what_if ? data.search.what_if.lose_nodes : 0;
-      drawDiff(views.diff, data.parent_best, best, ["before (parent's best)", `after losing ${lost} nodes`],
+      drawDiff(views.diff, data.parent_best, best, ["before (parent's best)", `after losing ${lost} node${lost === 1 ? "" : "s"}`],
                data.parent_best.id && best.id ? data.urls.diff.replace("{a}", data.parent_best.id).replace("{b}", best.id) : null);
       return;
     }
