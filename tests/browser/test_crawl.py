@@ -27,6 +27,23 @@ links followed and their scripts' errors collected; the others of that route are
 API_OBJECT = re.compile(r"^/api/[\w-]+/\d+/$")
 # what only Django's technical 404 / 500 pages say
 DEBUG_PAGE = ("You’re seeing this error because you have", "You're seeing this error because you have")
+VIEWPORT_PX = 1280
+"""The browser window's width (Playwright's default viewport): no page may need a wider one (issue 35)."""
+# what does not fit the window: the page scrolls sideways, an element ends past its right edge (a chart's
+# own SVG drawing aside), or a table's scroll box hides columns (the jobs list's Tags and Age were cut off)
+OVERFLOW = """() => {
+  const w = window.innerWidth, out = [];
+  if (document.documentElement.scrollWidth > w + 1) out.push(`the page scrolls sideways to ${document.documentElement.scrollWidth} px`);
+  for (const e of document.querySelectorAll("body *")) {
+    if (e.closest("svg, .js-plotly-plot, [hidden]") || getComputedStyle(e).position === "fixed") continue;
+    const r = e.getBoundingClientRect();
+    if (r.width && r.right > w + 1) { out.push(`${e.tagName.toLowerCase()}#${e.id || ""}.${e.className || ""} ends at ${Math.round(r.right)} px`); break; }
+  }
+  for (const box of document.querySelectorAll(".table-scroll")) {
+    if (box.scrollWidth > box.clientWidth + 1 && box.offsetParent) out.push(`a table needs ${box.scrollWidth} px in a ${box.clientWidth} px box (${box.querySelector("table")?.id || "?"})`);
+  }
+  return out;
+}"""
 MISSING = (
     "/jobs/999999/",
     "/planning/plans/999999/",
@@ -170,6 +187,7 @@ def crawl(page, base_url: str, start: str = "/") -> tuple[dict[str, int], list[s
             if relative not in seen:
                 queue.append((relative, url))
         problems += [f"{url}: script error: {e}" for e in page.js_errors[errors_before:]]
+        problems += [f"{url}: wider than the {VIEWPORT_PX} px window: {w}" for w in page.evaluate(OVERFLOW)]
     return seen, problems
 
 

@@ -210,6 +210,10 @@ def test_faults_snapshots_and_goodput_show_and_update_live_on_the_job_page(live_
         timeout=10000,
     )
     assert "no timeline recorded" not in page.inner_text("#eti-panel")
+    # with faults, snapshots and goodput filled in, the page fits a 1,280 px window (nothing clipped)
+    from tests.browser.test_crawl import OVERFLOW
+
+    assert page.evaluate(OVERFLOW) == []
     seconds = page.eval_on_selector_all(
         "#badput-table tbody tr",
         "rows => Object.fromEntries(rows.map(r => [r.dataset.badput, Number(r.lastChild.dataset.value)]))",
