@@ -37,6 +37,22 @@ def test_login_dashboard_and_live_event(live_stack, page, make_member):
     assert page.js_errors == []
 
 
+def test_numbers_are_formatted_as_people_read_them(live_stack, page):
+    """The pages' one formatter (frontend/static/js/common.js): thousands separators, fixed decimals, and
+    nothing that rounds to zero printed as "-0.0%" or "-0.00" (issue 35)."""
+    page.goto(live_stack.base_url + "/login/")
+    got = page.evaluate(
+        """async () => {
+          const m = await import("/static/js/common.js");
+          return [m.formatPercent(-0.00001), m.formatPercent(-0.00001, 1, { signed: true }),
+                  m.formatPercent(0.1234), m.formatPercent(-0.04, 1, { signed: true }),
+                  m.formatNumber(-0.0001, 2), m.formatNumber(68946900.0), m.formatNumber(1234.5678, 2),
+                  m.formatSeconds(0.0041)];
+        }"""
+    )
+    assert got == ["0.0%", "+0.0%", "12.3%", "-4.0%", "0.00", "68,946,900", "1,234.57", "4.10 ms"]
+
+
 def test_wrong_password_stays_on_login(live_stack, page, make_member):
     make_member("alice", "Team A")
     page.goto(live_stack.base_url + "/login/")

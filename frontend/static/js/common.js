@@ -78,13 +78,19 @@ const finite = (x) => x != null && x !== "" && Number.isFinite(Number(x));
 // 12,345 / 0.123 (en-US grouping, exactly `digits` decimals)
 export function formatNumber(x, digits = 0) {
   if (!finite(x)) return MISSING;
-  return Number(x).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  return notNegativeZero(Number(x), digits).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
 }
 
-// 0.123 -> "12.3%"; signed: "+12.3%" / "-4.0%"
+// 0.123 -> "12.3%"; signed: "+12.3%" / "-4.0%"; what rounds to zero is "0.0%" ("+0.0%"), never "-0.0%"
 export function formatPercent(x, digits = 1, { signed = false } = {}) {
   if (!finite(x)) return MISSING;
-  return `${signed && x >= 0 ? "+" : ""}${(100 * x).toFixed(digits)}%`;
+  const p = notNegativeZero(100 * Number(x), digits);
+  return `${signed && p >= 0 ? "+" : ""}${p.toFixed(digits)}%`;
+}
+
+// x, or 0 when it rounds to zero at `digits` decimals (a tiny negative would print as "-0.0")
+function notNegativeZero(x, digits) {
+  return Math.abs(x) < 0.5 * 10 ** -digits ? 0 : x;
 }
 
 // Seconds as a person reads them, about four significant figures: "5.12 ms", "84.2 ms", "1.204 s",
