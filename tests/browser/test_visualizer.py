@@ -1,7 +1,7 @@
 """The strategy visualizer in a real browser: the seed scenario (the 1.25T MoE on the Atlas 900 pod) is
 searched through the API, its page shows the progress and then all seven views with data; clicking a
 point of the Pareto plot changes the breakdowns; a what-if child page compares the best plans; the plan
-page refuses to launch a model this machine cannot run, showing why."""
+page does not offer to launch a model this machine cannot run, showing why (and the scaled-down launch)."""
 
 from __future__ import annotations
 
@@ -194,12 +194,14 @@ def test_seed_scenario_visualizer(live_stack, page, make_member, token_for):
 
     assert page_path not in requested, "the search page fetched its own HTML again"
 
-    # the plan page of the best plan: its views, and a launch the CPU machine refuses with the reason
+    # the plan page of the best plan: its views, and no launch the CPU machine would refuse
     best_id = data["best_plan_id"]
     page.goto(f"{base}/planning/plans/{best_id}/")
     wait_views(page, ["memory", "steptime", "schedule", "placement"])
-    page.click("#launch button[type=submit]")
-    page.wait_for_selector("#launch .launch-errors li.error", timeout=15_000)
+    # (its Launch is disabled with the reason, and the scaled-down launch is offered instead)
+    assert page.is_disabled("#launch-button")
+    assert "cannot run on this machine" in page.get_attribute("#launch-button", "title")
+    assert "cannot run on this machine" in page.inner_text("#not-here") and page.is_visible("#scale-down")
     shoot(page, "plan-page")
     assert page.url.endswith(f"/planning/plans/{best_id}/")
 
