@@ -7,7 +7,7 @@
 // carries its fault-risk badge (risk.js): its API record's `risk`, then its live risk events.
 import { LiveClient } from "./live.js";
 import { LiveJobRows, TERMINAL, renderRow, timeAgo } from "./job_rows.js";
-import { LiveRiskBadges, NOT_SCORED_TITLE, SCORED_STATES, setBadge } from "./risk.js";
+import { LiveRiskBadges, setJobBadge } from "./risk.js";
 import { describeEvent } from "./event_text.js";
 import { failureLines, h, postJSON } from "./common.js";
 
@@ -130,8 +130,7 @@ function initTables(lists, panel) {
       badge = h("span", { class: "risk-badge" });
       tr.querySelector("td[data-col=risk]").replaceChildren(badge);
     }
-    setBadge(badge, risk.badgeOf(row));
-    if (!SCORED_STATES.has(row.state) && row.state !== "queued") badge.title = NOT_SCORED_TITLE;
+    setJobBadge(badge, row.state, risk.badgeOf(row));
   };
   const risk = new LiveRiskBadges({
     onChange: (id) => { const tr = trs.get(id), row = jobs.rows.get(id); if (tr && row) renderRisk(tr, row); },

@@ -33,8 +33,8 @@ export function riskLevel(risk) {
 }
 
 // the states in which a job has a live risk badge (the job page's and the dashboard's alike)
-export const SCORED_STATES = new Set(["launching", "running", "recovering"]);
-export const NOT_SCORED_TITLE = "not running: no live risk score";
+const SCORED_STATES = new Set(["launching", "running", "recovering"]);
+const NOT_SCORED_TITLE = "not running: no live risk score";
 
 // The job's risk from its nodes' newest scores (controlplane/jobs/selectors.py job_risk, same rule): the
 // riskiest node's level, and the badge: high / medium when a node is there, else "unprotected" for a job
@@ -66,6 +66,14 @@ export function setBadge(el, r) {
   el.dataset.badge = badge;
   el.title = badgeTitle(r);
   if (r && r.risk != null) el.dataset.risk = r.risk; else delete el.dataset.risk;
+}
+
+// A job's badge by the one rule of the job page and the dashboard's rows: its risk (`r`, jobRisk's) while it
+// runs, else none, titled why (a queued job has no score yet; one that no longer runs has no live one)
+export function setJobBadge(el, state, r) {
+  const scored = SCORED_STATES.has(state);
+  setBadge(el, scored ? r : null);
+  if (!scored && state !== "queued") el.title = NOT_SCORED_TITLE;
 }
 
 export function riskBadge(r) {
@@ -197,11 +205,7 @@ export class FaultRiskPanel {
 
   renderRisk() {
     const nodes = this.currentNodes();
-    // one rule with the dashboard's rows (LiveRiskBadges.badgeOf): a badge while the job runs, else none
-    const scored = SCORED_STATES.has(this.state());
-    const r = scored ? jobRisk(nodes, this.protected) : null;
-    setBadge(this.el("risk-badge"), r);
-    if (!scored) this.el("risk-badge").title = NOT_SCORED_TITLE;
+    setJobBadge(this.el("risk-badge"), this.state(), jobRisk(nodes, this.protected));
     this.el("risk-empty").hidden = nodes.length > 0;
     this.el("risk-nodes").replaceChildren(...nodes.map((n) => {
       const flagged = (n.ranks || []).filter((x) => x.flagged);
@@ -361,9 +365,8 @@ export class LiveRiskBadges {
     if (!s.known) this.load(row.id);
   }
 
-  // the badge a row shows: null (no score yet, or not running)
+  // the risk a row's badge shows while the job runs (setJobBadge): null before its first score
   badgeOf(row) {
-    if (!SCORED_STATES.has(row.state)) return null;
     const s = this.jobs.get(row.id);
     return s ? jobRisk([...s.nodes.values()], s.protected) : null;
   }
