@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -100,7 +101,7 @@ def validate_stream(stream: str) -> str:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return unix_iso(time.time())
 
 
 def unix_iso(t: float) -> str:

@@ -114,26 +114,25 @@ def certificates_of(user):
     return scoped(GreenCertificate.objects.all(), user).select_related("job", "team").order_by("-issued_at")
 
 
-def certificate_of(user, code: str) -> GreenCertificate | None:
+def _by_code(reports, code: str) -> GreenCertificate | None:
+    """The report of ``reports`` with ``code`` as a person may type it; None for a malformed or unknown one."""
     from workers.green.certificate import normalise_code
 
     try:
         code = normalise_code(code)
     except ValueError:
         return None
-    return certificates_of(user).filter(code=code).first()
+    return reports.filter(code=code).first()
+
+
+def certificate_of(user, code: str) -> GreenCertificate | None:
+    return _by_code(certificates_of(user), code)
 
 
 def certificate_by_code(code: str) -> GreenCertificate | None:
     """Any team's report by its verification code: what a holder of the PDF has (a code is 100 random-looking
     bits of an HMAC: it cannot be guessed), for the public check. None for a malformed or unknown code."""
-    from workers.green.certificate import normalise_code
-
-    try:
-        code = normalise_code(code)
-    except ValueError:
-        return None
-    return GreenCertificate.objects.filter(code=code).select_related("job").first()
+    return _by_code(GreenCertificate.objects.select_related("job"), code)
 
 
 def public_verdict(report: GreenCertificate, result: dict) -> dict:

@@ -37,9 +37,23 @@ def check_secret(secret: bytes) -> bytes:
     return bytes(secret)
 
 
+_PRINTED_CONTEXT = b"cann-train/green/energy-and-carbon-report/printed-text/v1"
+"""The key of :func:`text_digest`'s HMAC, apart from the document's (:data:`_KEY_CONTEXT`)."""
+
+
+def _key(secret: bytes, context: bytes = _KEY_CONTEXT) -> bytes:
+    return hmac.new(secret, context, hashlib.sha256).digest()
+
+
 def hmac_digest(content: Mapping[str, Any], secret: bytes) -> str:
-    key = hmac.new(secret, _KEY_CONTEXT, hashlib.sha256).digest()
-    return hmac.new(key, canonical_json(content).encode("ascii"), hashlib.sha256).hexdigest()
+    return hmac.new(_key(secret), canonical_json(content).encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def text_digest(text: str, secret: bytes) -> str:
+    """HMAC-SHA256 (hex) of a report's printed text under ``secret``, with a key of its own (domain separated
+    from the document's code, as :data:`_KEY_CONTEXT` says why)."""
+    key = _key(check_secret(secret), _PRINTED_CONTEXT)
+    return hmac.new(key, text.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def code_of(digest_hex: str) -> str:

@@ -7,7 +7,6 @@ dates, a sentence) fails the check and is named by the words printed before it."
 from __future__ import annotations
 
 import difflib
-import hashlib
 import hmac
 import io
 import re
@@ -15,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.green.certificate.canonical import scalar_text, value_at
-from workers.green.certificate.codes import check_secret, code_of, hmac_digest, signed_content
+from workers.green.certificate.codes import check_secret, code_of, hmac_digest, signed_content, text_digest
 from workers.green.certificate.figures import READBACK_FIELDS, READBACK_START
 
 _FIGURE_SECTIONS = ("job", "inputs", "results")
@@ -145,7 +144,7 @@ def printed_words(text: str) -> list[str]:
 def printed_digest(text: str, secret: bytes) -> str:
     """HMAC-SHA256 (hex) of the words ``text`` prints, under ``secret``: keeps a stored copy of a report's
     printed text trustworthy (the control plane stores it beside the PDF so that a check need not render)."""
-    return hmac.new(check_secret(secret), " ".join(printed_words(text)).encode(), hashlib.sha256).hexdigest()
+    return text_digest(" ".join(printed_words(text)), secret)
 
 
 MAX_TEXT_MISMATCHES = 20
