@@ -338,7 +338,7 @@ class Run:
         if self.progress is not None:
             self.progress.event("ready")
         if self.energy is not None:
-            self.energy.start(self.device)
+            self.energy.start(self.device, restart=self.restart)
 
     def _manager(self):
         if self._snapshots is None:

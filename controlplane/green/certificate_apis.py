@@ -37,7 +37,10 @@ class CertificateRowSerializer(serializers.Serializer):
     job_name = serializers.CharField(source="job.name")
     team = serializers.CharField(source="team.slug")
     issued_at = serializers.DateTimeField()
-    kwh = serializers.SerializerMethodField(help_text="facility energy of the attempt the report covers")
+    kwh = serializers.SerializerMethodField(
+        help_text="facility energy of the whole job (a report issued before format 2: of its last attempt)"
+    )
+    covers = serializers.SerializerMethodField(help_text="'whole job', or 'last attempt' (a format 1 report)")
     kgco2e = serializers.SerializerMethodField(help_text="location-based; null without a carbon intensity")
     estimate = serializers.SerializerMethodField(help_text="true when the energy is an estimate, not metered")
     pdf_url = serializers.SerializerMethodField()
@@ -49,6 +52,9 @@ class CertificateRowSerializer(serializers.Serializer):
 
     def get_kwh(self, obj) -> float | None:
         return (self._results(obj).get("kwh") or {}).get("facility")
+
+    def get_covers(self, obj) -> str:
+        return "whole job" if "segments" in self._results(obj) else "last attempt"
 
     def get_kgco2e(self, obj) -> float | None:
         return self._results(obj).get("kgco2e_location")

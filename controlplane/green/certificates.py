@@ -1,8 +1,9 @@
 """Energy and carbon reports of finished jobs: issue one (services), read and verify them (selectors).
 
 A report is built by the engine (``workers.green.certificate``) from what the control plane stored for the
-job: the run summary's ``energy`` block (the finished attempt's :meth:`EnergyAccount.summary`) and the energy
-events of every attempt (:func:`controlplane.green.selectors.job_energy`). Verification rebuilds the report
+job: the run summary's ``energy`` block (the finishing segment's :meth:`EnergyAccount.summary`) and the last
+energy event of every segment before it (:func:`controlplane.green.selectors.energy_segments`), added up into
+the whole job. Verification rebuilds the report
 from the job's stored measurements as they are now, with the report's own issue time and schedule, and
 compares it field by field with the stored document; the HMAC over the document (the secret key) catches
 an edit of the stored document itself.
@@ -20,7 +21,7 @@ from rest_framework.exceptions import APIException
 from controlplane.accounts.selectors import scoped
 from controlplane.common.models import JobState
 from controlplane.green.certificate_models import GreenCertificate
-from controlplane.green.selectors import job_energy
+from controlplane.green.selectors import energy_segments, job_energy
 
 
 class NoReport(APIException):
@@ -32,9 +33,11 @@ def _secret() -> bytes:
     return settings.SECRET_KEY.encode()
 
 
-def report_inputs(job) -> tuple[dict, dict]:
+def report_inputs(job, *, format_version: int = 2) -> tuple[dict, dict]:
     """(the job's printed identity, the energy summary) a report of ``job`` is built from; ``NoReport`` with
-    what is missing."""
+    what is missing. A report covers the whole job (every attempt and restart, added up by
+    :func:`workers.green.certificate.whole_job_summary`); ``format_version`` 1 rebuilds a report issued when
+    reports covered the attempt that finished the job, as it was built then."""
     if job.state != JobState.SUCCEEDED:
         raise NoReport(f"Job {job.pk} is {job.state}: a report covers a job that finished (succeeded).")
     summary = (job.measured or {}).get("energy")
@@ -42,6 +45,8 @@ def report_inputs(job) -> tuple[dict, dict]:
         raise NoReport(
             f"Job {job.pk} has no energy summary: it ran before energy metering, or with energy.enabled false."
         )
+    if format_version >= 2:
+        return _whole_job_inputs(job, summary)
     totals = job_energy(job) or {}
     config = job.config or {}
     identity = {
@@ -66,16 +71,40 @@ def report_inputs(job) -> tuple[dict, dict]:
     return identity, summary
 
 
+def _whole_job_inputs(job, finished: dict) -> tuple[dict, dict]:
+    from workers.green.certificate import whole_job_summary
+
+    segments = energy_segments(job)
+    if not segments:
+        raise NoReport(f"Job {job.pk} has an energy summary but no energy events: its stream was not stored.")
+    summary = whole_job_summary(finished, segments)
+    config = job.config or {}
+    measured = job.measured or {}
+    identity = {
+        "id": job.pk,
+        "name": job.name,
+        "team": job.team.slug,
+        "model": (config.get("model") or {}).get("name"),
+        "device": measured.get("device"),
+        "world_size": job.world_size,
+        "nodes": job.nnodes,
+        "attempts": job.attempts,
+        "last_step": segments[-1]["step"],
+        "results_cover": "the whole job: every attempt and restart, added up",
+    }
+    return identity, summary
+
+
 def schedule_of(job) -> dict | None:
     """The carbon-aware schedule the job ran under (its stored result: the predicted saving), or None."""
     schedule = job.green_schedule
     return None if schedule is None else schedule.result
 
 
-def _build(job, *, issued_at: datetime, schedule: dict | None) -> dict:
+def _build(job, *, issued_at: datetime, schedule: dict | None, format_version: int = 2) -> dict:
     from workers.green.certificate import build_certificate
 
-    identity, summary = report_inputs(job)
+    identity, summary = report_inputs(job, format_version=format_version)
     return build_certificate(
         job=identity, energy_summary=summary, schedule=schedule, issued_at=issued_at, secret=_secret()
     )
@@ -140,10 +169,13 @@ def public_verdict(report: GreenCertificate, result: dict) -> dict:
     verdict, and the differences among what the PDF prints (its verification block's figures and code, and,
     for an uploaded copy, its printed words); any other difference of the stored document is counted, not
     shown (its team sees them)."""
-    from workers.green.certificate import READBACK_FIELDS
+    from workers.green.certificate import readback_fields
 
-    printed = {*READBACK_FIELDS, "verification.code"}
-    shown = [m for m in result["mismatches"] if m["field"] in printed]
+    printed = {*readback_fields(report.document), "verification.code"}
+    # the split per attempt is printed too (its table)
+    shown = [
+        m for m in result["mismatches"] if m["field"] in printed or m["field"].startswith("results.segments.")
+    ]
     job = report.document.get("job") or {}
     out = {
         "code": report.code,
@@ -204,6 +236,7 @@ def certificate_verify(report: GreenCertificate, *, pdf: bytes | None = None) ->
             report.job,
             issued_at=datetime.fromisoformat(report.document["issued_at"]),
             schedule=schedule_of(report.job),
+            format_version=int(report.document.get("format_version") or 1),
         )
     except (NoReport, ValueError) as exc:
         detail = exc.detail if isinstance(exc, APIException) else str(exc)

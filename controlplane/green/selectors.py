@@ -1,7 +1,8 @@
 """Reads of the green figures: a job's energy and carbon from its stored ``energy`` events, a team's totals.
 
-Each attempt of a job meters from its own start (``workers.green.job``): an attempt's last ``energy`` event
-holds its running totals, and a job's totals are the sum over its attempts.
+Each segment of a job (an attempt, or a torchrun restart within one) meters from its own start
+(``workers.green.job``): a segment's last ``energy`` event holds its running totals, and a job's totals are
+the sum over its segments.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from controlplane.live.models import StreamEvent
 SUMMED = ("kwh", "kwh_it", "kwh_device", "kwh_cpu", "kwh_memory", "kgco2e", "kgco2e_market", "cost", "tokens")
 
 
-def _totals(last_by_attempt: dict[int, dict]) -> dict | None:
-    if not last_by_attempt:
+def segment_of(values: dict) -> tuple[int, int]:
+    """(attempt, restart) of an energy event: the segment whose running totals it holds (an event from
+    before the events said their restart is its attempt's first)."""
+    return int(values.get("attempt") or 1), int(values.get("restart") or 0)
+
+
+def _totals(last_by_segment: dict[tuple[int, int], dict]) -> dict | None:
+    if not last_by_segment:
         return None
-    attempts = [last_by_attempt[a] for a in sorted(last_by_attempt)]
+    attempts = [last_by_segment[a] for a in sorted(last_by_segment)]
     latest = attempts[-1]
     out: dict = {}
     for key in SUMMED:
@@ -42,28 +49,59 @@ def _totals(last_by_attempt: dict[int, dict]) -> dict | None:
         out[key] = latest.get(key)
     out["carbon_note"] = latest.get("carbon_note")
     out["estimate"] = not latest.get("measured", False)
+    by_attempt: dict[int, list[dict]] = {}
+    for (attempt, _), v in sorted(last_by_segment.items()):
+        by_attempt.setdefault(attempt, []).append(v)
     out["attempts"] = [
         {
             "attempt": a,
-            **{k: v.get(k) for k in ("kwh", "kgco2e", "cost", "tokens", "method", "sci_g_per_1m_tokens")},
+            "restarts": len(parts) - 1,
+            **{k: _sum_or_none([p.get(k) for p in parts]) for k in ("kwh", "kgco2e", "cost", "tokens")},
+            "method": parts[-1].get("method"),
+            "sci_g_per_1m_tokens": parts[-1].get("sci_g_per_1m_tokens") if len(parts) == 1 else None,
         }
-        for a, v in sorted(last_by_attempt.items())
+        for a, parts in by_attempt.items()
     ]
     return out
 
 
+def _sum_or_none(parts: list) -> float | None:
+    return None if any(v is None for v in parts) else sum(parts)
+
+
 def energy_by_stream(streams: Iterable[str]) -> dict[str, dict]:
     """``{stream: totals}`` for the streams that published energy events (one query)."""
-    last: dict[str, dict[int, dict]] = {}
+    last: dict[str, dict[tuple[int, int], dict]] = {}
     rows = (
         StreamEvent.objects.filter(stream__in=list(streams), kind="energy")
         .order_by("stream", "seq")
         .values_list("stream", "values")
     )
     for stream, values in rows:
-        attempt = int((values or {}).get("attempt") or 1)
-        last.setdefault(stream, {})[attempt] = values or {}
+        last.setdefault(stream, {})[segment_of(values or {})] = values or {}
     return {stream: t for stream, by in last.items() if (t := _totals(by)) is not None}
+
+
+def energy_segments(job) -> list[dict]:
+    """The job's metered segments, oldest first, as :func:`workers.green.certificate.whole_job_summary`
+    takes them: each one's last ``energy`` event's values with its ``step``, ``end`` (that reading's time),
+    ``intervals`` (its readings) and ``start`` (when the segment started training: its ``started`` event,
+    else its first reading)."""
+    segments: dict[tuple[int, int], dict] = {}
+    rows = StreamEvent.objects.filter(stream=job.stream, kind="energy").order_by("seq")
+    for event in rows.only("time", "step", "values"):
+        values = event.values or {}
+        key = segment_of(values)
+        seg = segments.setdefault(key, {"start": event.time.isoformat(), "intervals": 0})
+        seg.update(values)
+        seg |= {"attempt": key[0], "restart": key[1], "step": event.step, "end": event.time.isoformat()}
+        seg["intervals"] += 1
+    started = StreamEvent.objects.filter(stream=job.stream, kind="event", values__state="started")
+    for event in started.order_by("seq").only("time", "values"):
+        seg = segments.get(segment_of(event.values or {}))
+        if seg is not None and event.time.isoformat() < seg["start"]:
+            seg["start"] = event.time.isoformat()
+    return [segments[k] for k in sorted(segments)]
 
 
 def job_energy(job) -> dict | None:

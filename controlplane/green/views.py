@@ -16,7 +16,7 @@ from controlplane.green.certificates import (
     certificate_verify,
     certificate_verify_upload,
 )
-from workers.green.certificate import value_at
+from workers.green.certificate import covers, value_at
 
 
 class PdfCheckForm(forms.Form):
@@ -38,6 +38,8 @@ REPORT_FIGURES = (
     ("SCI", "sci.value", "gCO2e per 1M tokens"),
     ("Tokens per kWh", "tokens_per_kwh", ""),
     ("Tokens", "tokens", ""),
+    ("Steps trained twice after faults (badput)", "recomputed.steps", "steps"),
+    ("Facility energy of the steps trained twice", "recomputed.kwh_facility", "kWh"),
 )
 
 
@@ -75,6 +77,7 @@ def green_report(request, code: str):
             "row": row,
             "document": report.document,
             "figures": figures,
+            "covers": covers(results),
             "schedule": results.get("schedule"),
             "result": result,
             "form": form,

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import database_url_for_children, http, own_redis_db, start_stack, stop_stack, wait_for
 from tests.integration.test_chaos import kill_and_restart_worker, processes_mentioning
+from tests.integration.whole_job_reports import check_whole_job_report
 from workers.training.examples import example
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -62,12 +63,13 @@ def _train(stream: str) -> list[tuple[int, int, float]]:
 
 
 def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
-    recovering_stack, make_member, token_for
+    recovering_stack, make_member, token_for, api_client
 ):
     from controlplane.jobs.models import JobSnapshot, TrainingJob
     from controlplane.live.models import StreamEvent
 
-    token = token_for(make_member("erin", "Team E"))
+    erin = make_member("erin", "Team E")
+    token = token_for(erin)
     body = _job_body("survives its worker")
     status, created = http("POST", recovering_stack.base_url + "/api/jobs/", token, body)
     assert status == 201, created
@@ -138,6 +140,9 @@ def test_a_worker_killed_mid_job_resumes_it_from_its_newest_snapshot(
         StreamEvent.objects.filter(stream=stream, kind="event").values_list("values__state", flat=True)
     )
     assert "recovering" in states and states[-1] == "succeeded"
+    # its energy report covers both attempts, the steps the second trained again as badput
+    document = check_whole_job_report(api_client(erin), job_id, segments={(1, 0), (2, 0)})
+    assert document["results"]["segments"][-1]["last_step"] == STEPS
 
 
 def test_a_killed_torchrun_agent_is_a_lost_worker_the_job_resumes_from(

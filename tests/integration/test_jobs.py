@@ -186,15 +186,18 @@ def check_energy_report(client, job, cli: tuple | None = None) -> None:
     assert not forged_check["valid"] and "results.kgco2e_location" in [
         m["field"] for m in forged_check["pdf"]["mismatches"]
     ]
-    # any printed figure, not only the results table's: the header's "kwh all attempts" cut by 80%
-    assert report.document["job"]["kwh_all_attempts"] > 0 and report.printed_text and report.printed_digest
+    # any printed figure, not only the results table's: the header's last step moved on
+    assert report.document["job"]["last_step"] > 0 and report.printed_text and report.printed_digest
+    assert report.document["format_version"] == 2 and row["covers"] == "whole job"
     header = {**report.document, "job": {**report.document["job"]}}
-    header["job"]["kwh_all_attempts"] = round(report.document["job"]["kwh_all_attempts"] * 0.2, 9)
+    header["job"]["last_step"] = report.document["job"]["last_step"] + 100
     header_check = client.post(
         row["verify_url"], {"file": io.BytesIO(render_pdf(header))}, format="multipart"
     ).json()
     assert not header_check["valid"] and header_check["pdf"]["code_matches"], header_check
-    assert [m["field"] for m in header_check["pdf"]["mismatches"]] == ["printed: kwh all attempts"]
+    assert [m["field"] for m in header_check["pdf"]["mismatches"]] == ["printed: last step"], header_check[
+        "pdf"
+    ]
     # a report issued before the printed text was stored gets it from its stored PDF at its first check
     GreenCertificate.objects.filter(pk=report.pk).update(printed_text="", printed_digest="")
     assert client.post(row["verify_url"], {"file": io.BytesIO(data)}, format="multipart").json()["valid"]
@@ -235,7 +238,7 @@ def check_public_verify(code: str, pdf: bytes, forged_pdf: bytes, job) -> None:
     genuine = anonymous.post(url, {"file": io.BytesIO(pdf)}, format="multipart")
     assert genuine.status_code == 200 and genuine.json()["valid"], genuine.content
     forged = anonymous.post(url, {"file": io.BytesIO(forged_pdf)}, format="multipart").json()
-    assert not forged["valid"] and forged["pdf"]["mismatches"][0]["field"] == "printed: kwh all attempts"
+    assert not forged["valid"] and forged["pdf"]["mismatches"][0]["field"] == "printed: last step"
     assert anonymous.get("/api/public/certificates/ZZZZ-ZZZZ-ZZZZ-ZZZZ-ZZZZ/verify").status_code == 404
     assert anonymous.get(f"/api/certificates/{code}/verify").status_code in (
         401,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_jobs import wait_for_state
+from tests.integration.whole_job_reports import check_whole_job_report
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -97,7 +98,8 @@ def test_a_ddp_script_recovers_a_killed_rank_from_its_own_snapshot_bit_for_bit(
     assert any(e["kind"] == "energy" for e in events)
     assert {e["values"].get("attempt") for e in train} == {1}
 
-    _check_energy_report(alice_api, faulty["id"])
+    # its energy report covers the run before the kill and the restart after it (each metered from its start)
+    check_whole_job_report(alice_api, faulty["id"], segments={(1, 0), (1, 1)})
 
 
 def _check_energy_report(client, job_id: int) -> None:

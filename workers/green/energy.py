@@ -515,6 +515,7 @@ class EnergyAccount:
             "kgco2e": self.kgco2e(),
             "kgco2e_market": self.kgco2e_market(),
             "kwh_without_intensity": t.kwh_without_intensity if self.intensity is not None else None,
+            "kwh_without_price": t.kwh_without_price if self.tariff is not None else None,
             "intensity": self.intensity_now(),
             "tokens": t.tokens,
             "tokens_per_kwh": self.tokens_per_kwh(),

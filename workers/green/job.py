@@ -154,6 +154,11 @@ class JobEnergy:
         self.account: EnergyAccount | None = None
         self.carbon_note: str | None = None
         self.started = False
+        # which segment of the job this account meters: the torchrun restart within the attempt (each one
+        # meters from its own start) and the step before its first (a resumed one began at its snapshot's):
+        # a report adds the segments up and finds the steps trained twice (``workers.green.certificate``)
+        self.restart = 0
+        self.from_step: int | None = None
         self._tokens = 0
         self._env = dict(os.environ if env is None else env)
         self._device_name = s.get("device_name") or ("cpu" if device_kind == "cpu" else None)
@@ -176,8 +181,9 @@ class JobEnergy:
             mine = t.tolist()
         return PowerReading(datetime.now(UTC), dict(zip(COMPONENTS, mine, strict=True)))
 
-    def start(self, device) -> None:
-        """Every rank, before the first step."""
+    def start(self, device, *, restart: int = 0) -> None:
+        """Every rank, before the first step (``restart``: the torchrun restart this process belongs to)."""
+        self.restart = int(restart)
         reading = self._reduced(device)
         if self.rank == 0:
             self.account = self._account(reading.time)
@@ -187,6 +193,8 @@ class JobEnergy:
     def sample(self, step: int, tokens: int, device, *, force: bool = False) -> dict | None:
         """Every rank after every step (``tokens``: trained since this attempt started): on rank 0, an
         ``energy`` event's values on sampling steps."""
+        if self.started and self.from_step is None:
+            self.from_step = step - 1  # called after every step: this is the segment's first
         if not self.started or (not force and step % self.every):
             return None
         reading = self._reduced(device)
@@ -194,7 +202,7 @@ class JobEnergy:
             return None
         self.account.add(reading, step=step, tokens=tokens - self._tokens)  # the account takes increments
         self._tokens = tokens
-        values = self.account.event_values()
+        values = self.account.event_values() | {"restart": self.restart, "from_step": self.from_step}
         if self.carbon_note:
             values["carbon_note"] = self.carbon_note
         return values

@@ -406,7 +406,7 @@ class Trainer:
             self.progress.update("training", self.step)
         first = self.step + 1
         if self.energy is not None:
-            self.energy.start(self.device)
+            self.energy.start(self.device, restart=self.restart)
             self._energy_from_step = self.step  # where this attempt began (after any resume)
         started = self._started_values()
         self.publisher.submit("event", started, step=self.step)

@@ -22,7 +22,8 @@ the stored measurements; :func:`verify_pdf` reads the printed code and figures b
 
 The rooms: :mod:`~.canonical` (rounding, canonical JSON, figure paths), :mod:`~.codes` (the HMAC and the
 code), :mod:`~.figures` (what a report shows and reads back), :mod:`~.document` (building it),
-:mod:`~.verify` (checking it), :mod:`~.render` (its PDF).
+:mod:`~.verify` (checking it), :mod:`~.render` (its PDF), :mod:`~.whole_job` (a summary of every attempt and
+restart of a job, added up, with the steps trained twice).
 """
 
 from workers.green.certificate.canonical import (
@@ -52,7 +53,13 @@ from workers.green.certificate.document import (
     STATEMENT,
     build_certificate,
 )
-from workers.green.certificate.figures import KEY_FIGURES, READBACK_FIELDS, READBACK_START, SCHEDULE_FIGURES
+from workers.green.certificate.figures import (
+    KEY_FIGURES,
+    READBACK_FIELDS,
+    READBACK_START,
+    SCHEDULE_FIGURES,
+    readback_fields,
+)
 from workers.green.certificate.render import render_pdf
 from workers.green.certificate.verify import (
     compare_printed,
@@ -60,9 +67,11 @@ from workers.green.certificate.verify import (
     figures_from_pdf_text,
     pdf_text,
     printed_digest,
+    printed_words,
     verify_certificate,
     verify_pdf,
 )
+from workers.green.certificate.whole_job import covers, whole_job_summary
 
 __all__ = [
     "ALGORITHM",
@@ -83,6 +92,7 @@ __all__ = [
     "check_secret",
     "code_of",
     "compare_printed",
+    "covers",
     "expected_text",
     "figures_from_pdf_text",
     "format_number",
@@ -90,6 +100,8 @@ __all__ = [
     "normalise_code",
     "pdf_text",
     "printed_digest",
+    "printed_words",
+    "readback_fields",
     "render_pdf",
     "round_figure",
     "rounded",
@@ -98,4 +110,5 @@ __all__ = [
     "value_at",
     "verify_certificate",
     "verify_pdf",
+    "whole_job_summary",
 ]

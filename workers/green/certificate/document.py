@@ -16,7 +16,9 @@ from workers.green.certificate.figures import SCHEDULE_FIGURES
 from workers.green.energy import DEFAULT_PUE, DUAL_REPORTING, PUE_SOURCE, SCI_STANDARD
 from workers.green.series import as_utc
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the whole job (every attempt and restart, ``results.segments`` and ``results.recomputed``); a version 1
+report covered the attempt that finished the job and is rebuilt that way when checked."""
 STATEMENT = (
     "This is a calculation report. cann-train computed the figures below from the job's own power readings "
     "(or, where no power meter was available, from estimates that are labelled as such) following the methods "
@@ -235,7 +237,7 @@ def _results(summary: Mapping[str, Any], schedule: Mapping[str, Any] | None) -> 
         "tokens_per_kwh": r["tokens_per_kwh"],
         "cost": cost,
         "schedule": None if schedule is None else _schedule_result(schedule),
-    }
+    } | ({"segments": r["segments"], "recomputed": r["recomputed"]} if "segments" in r else {})
 
 
 def _estimate_basis(inputs: Mapping[str, Any], results: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -272,6 +274,8 @@ def _estimate_basis(inputs: Mapping[str, Any], results: Mapping[str, Any]) -> di
         "results.tokens_per_kwh": it,
         "results.cost.value": facility,
         "results.cost.per_1m_tokens": facility,
+        "results.recomputed.kwh_facility": facility
+        + ["apportioned by steps: each segment's energy per step it trained"],
     }
     schedule = results.get("schedule")
     if schedule is not None:
@@ -339,11 +343,22 @@ def _scope(job: Mapping[str, Any], inputs: Mapping[str, Any], results: Mapping[s
             f"In kgCO2e: {format_number(results['kwh_without_intensity'])} kWh drawn outside the carbon-intensity "
             "series (they are in the kWh)."
         )
-    return {
-        "boundary": (
+    segments = results.get("segments")
+    if segments:
+        attempts = len({s["attempt"] for s in segments})
+        boundary = (
+            f"The whole training job {job['name']}: every attempt ({attempts}) and every restart within one, "
+            f"{len(segments)} metered segment{'s' if len(segments) != 1 else ''} from {period['start']} to "
+            f"{period['end']}, {format_number(period['hours'])} h metered (the time between segments, while "
+            "the job recovered or waited, is not)."
+        )
+    else:
+        boundary = (
             f"One training job, {job['name']}, from its first to its last power reading "
             f"({period['start']} to {period['end']}, {format_number(period['hours'])} h)."
-        ),
+        )
+    return {
+        "boundary": boundary,
         "counted": counted,
         "not_counted": not_counted,
     }
@@ -457,6 +472,23 @@ def _notes(
         notes.append(f"SCI is not computed: {sci['why']}.")
     if results["cost"] is None:
         notes.append("No tariff was given for the cluster: the energy cost is not computed.")
+    recomputed = results.get("recomputed")
+    if "segments" in results and recomputed is None:
+        notes.append(
+            "The steps trained twice are not computed: a segment of this job ran before the energy events "
+            "said where each segment began."
+        )
+    elif recomputed and recomputed.get("steps"):
+        notes.append(
+            f"{recomputed['steps']} steps were trained twice (their progress was lost to a fault and trained "
+            f"again from a snapshot): their energy, {format_number(recomputed['kwh_facility'])} kWh, is badput, "
+            "included in the totals above."
+        )
+    if "segments" in results:
+        notes.append(
+            "The inputs (meter, PUE, intensity, tariff) are those of the segment that finished the job; every "
+            "segment ran with the job's same energy settings."
+        )
     if schedule is not None:
         notes.append(
             "The scheduling saving is a prediction made when the job was scheduled (the plan's power over the "
@@ -501,7 +533,7 @@ def build_certificate(
     inputs = rounded(_inputs(summary), "inputs")
     results = rounded(_results(summary, schedule), "results")
     content = {
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if "segments" in results else 1,
         "title": f"Energy and carbon report for training job {job['name']}",
         "issuer": ISSUER,
         "issued_at": as_utc(issued_at).replace(microsecond=0).isoformat(),

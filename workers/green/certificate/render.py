@@ -12,7 +12,8 @@ from typing import Any
 from workers.green.certificate.canonical import SIGNIFICANT_FIGURES, scalar_text, value_at
 from workers.green.certificate.codes import VERIFY_PATH
 from workers.green.certificate.document import ISSUER
-from workers.green.certificate.figures import KEY_FIGURES, READBACK_FIELDS, READBACK_START, SCHEDULE_FIGURES
+from workers.green.certificate.figures import READBACK_START, SCHEDULE_FIGURES, key_figures, readback_fields
+from workers.green.certificate.whole_job import covers
 
 _PAGE = Template(
     """<!DOCTYPE html>
@@ -52,15 +53,18 @@ li { margin: 0.6mm 0; }
 .readback { font: 7.4pt "DejaVu Sans Mono", monospace; background: #f5f5f5; padding: 2mm 3mm;
             border: 0.4pt solid #ccc; }
 .readback div { white-space: pre; }
+.covers { font-size: 10pt; margin: 1mm 0 2mm 0; }
 </style></head>
 <body>
 <h1>$title</h1>
 <div class="meta">$meta</div>
+$covers
 <div class="code"><div class="value"><span class="label">Verification code:</span> $code</div>
 <div class="how">Check it: GET $verify_path recomputes every figure from the stored measurements.</div></div>
 <div class="statement">$statement</div>
 <h2>Results</h2>
 $results
+$segments
 $schedule
 <h2>Scope and boundary</h2>
 <p>$boundary</p>
@@ -271,6 +275,56 @@ def _input_rows(document: Mapping[str, Any]) -> str:
     )
 
 
+def _covers(document: Mapping[str, Any]) -> str:
+    """The headline: what the figures cover (the whole job; nothing in a version 1 report, whose header says
+    which attempt)."""
+    c = covers(document.get("results") or {})
+    if c is None:
+        return ""
+    plural = "s" if c["attempts"] != 1 else ""
+    text = f"{c['attempts']} attempt{plural}"
+    if c["restarts"]:
+        text += f" and {c['restarts']} restart{'s' if c['restarts'] != 1 else ''} within them"
+    text += f", steps {_shown(c['first_step'])}" if c["first_step"] is not None else ", steps ?"
+    text += f" to {_shown(c['last_step'])}; "
+    again = c["trained_twice"]
+    text += (
+        "steps trained twice: not known"
+        if again is None
+        else f"{again} steps trained twice, counted as badput"
+    )
+    return f'<p class="covers"><b>Covers the whole job</b>: {_e(text)}.</p>'
+
+
+def _segments_html(document: Mapping[str, Any]) -> str:
+    """The split per attempt (and torchrun restart within one): each segment's steps, energy and carbon."""
+    segments = (document.get("results") or {}).get("segments")
+    if not segments:
+        return ""
+
+    def cell(value: Any, unit: str = "") -> str:
+        return "not known" if value is None else f"{_shown(value)}{unit}"
+
+    rows = "".join(
+        f"<tr><td>attempt {_e(s['attempt'])}"
+        + (f", restart {_e(s['restart'])}" if s.get("restart") else "")
+        + f'</td><td class="num">{_e(cell(s.get("first_step")))} to {_e(cell(s.get("last_step")))}</td>'
+        f'<td class="num">{_e(cell(s.get("trained_again")))}</td>'
+        f'<td class="num">{_e(cell(s.get("hours"), " h"))}</td>'
+        f'<td class="num">{_e(cell(s.get("kwh"), " kWh"))}</td>'
+        f'<td class="num">{_e(cell(s.get("kgco2e"), " kgCO2e"))}</td>'
+        f'<td class="num">{_e(cell(s.get("tokens")))}</td></tr>'
+        for s in segments
+    )
+    return (
+        "<h2>Attempts and restarts</h2><p>Each segment meters from its own start; the totals above add them "
+        "up. Steps a segment trained that a later one trained again (its progress lost to a fault) are "
+        "badput.</p>"
+        '<table><tr><th style="width:19%">Segment</th><th>Steps</th><th>Trained twice</th><th>Metered</th>'
+        "<th>Facility energy</th><th>Location-based</th><th>Tokens</th></tr>" + rows + "</table>"
+    )
+
+
 def _schedule_html(document: Mapping[str, Any]) -> str:
     schedule = (document.get("results") or {}).get("schedule")
     if schedule is None:
@@ -302,7 +356,8 @@ def _html(document: Mapping[str, Any]) -> str:
         for m in document["methodology"]
     )
     readback = "\n".join(
-        f"<div>{_e(field)} = {_e(scalar_text(value_at(document, field)))}</div>" for field in READBACK_FIELDS
+        f"<div>{_e(field)} = {_e(scalar_text(value_at(document, field)))}</div>"
+        for field in readback_fields(document)
     )
     return _PAGE.substitute(
         title=_e(document["title"]),
@@ -310,7 +365,9 @@ def _html(document: Mapping[str, Any]) -> str:
         code=_e(code),
         verify_path=_e(document["verification"].get("verify_path") or VERIFY_PATH.format(code=code)),
         statement=_e(document["statement"]),
-        results=_figure_rows(document, KEY_FIGURES),
+        covers=_covers(document),
+        results=_figure_rows(document, key_figures(document)),
+        segments=_segments_html(document),
         schedule=_schedule_html(document),
         boundary=_e(document["scope"]["boundary"]),
         counted="".join(f"<li>{_e(x)}</li>" for x in document["scope"]["counted"]),

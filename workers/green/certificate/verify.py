@@ -15,7 +15,7 @@ from typing import Any
 
 from workers.green.certificate.canonical import scalar_text, value_at
 from workers.green.certificate.codes import check_secret, code_of, hmac_digest, signed_content, text_digest
-from workers.green.certificate.figures import READBACK_FIELDS, READBACK_START
+from workers.green.certificate.figures import READBACK_START, readback_fields
 
 _FIGURE_SECTIONS = ("job", "inputs", "results")
 """The parts of a document :func:`verify_certificate` compares with the recomputation (the texts around the
@@ -137,8 +137,14 @@ def pdf_text(pdf_bytes: bytes) -> str:
 
 def printed_words(text: str) -> list[str]:
     """A PDF's extracted text as the words it prints (line breaks and spacing dropped: a figure edited to a
-    different width re-wraps the lines after it, which is no difference of content)."""
-    return text.split()
+    different width re-wraps the lines after it, which is no difference of content; a word broken after its
+    hyphen at a line's end, "cann-" "train", is one word again)."""
+    return _unbroken(text).split()
+
+
+def _unbroken(text: str) -> str:
+    """``text`` with each word that a line break split after its hyphen joined again."""
+    return re.sub(r"-[ \t]*\n\s*", "-", text)
 
 
 def printed_digest(text: str, secret: bytes) -> str:
@@ -157,11 +163,11 @@ _SEPARATORS = {"·", "•", "|"}
 def _labels(text: str) -> list[str]:
     """For each word ``text`` prints, what names it: the words printed before it on its line (or, for a
     line's first word, the end of the line before), from the last separator or sentence end, at most
-    :data:`_LABEL_WORDS`, without a trailing ``:`` or ``=``: "kwh all attempts", "Facility energy (IT energy x
+    :data:`_LABEL_WORDS`, without a trailing ``:`` or ``=``: "last step", "Facility energy (IT energy x
     PUE)", "results.kwh.facility"."""
     labels: list[str] = []
     previous: list[str] = []
-    for line in text.splitlines():
+    for line in _unbroken(text).splitlines():
         words = line.split()
         for i, _ in enumerate(words):
             before = words[:i] if i else previous
@@ -230,7 +236,7 @@ def verify_pdf(pdf_bytes: bytes, document: dict, secret: bytes, *, expected: str
     stored_code = (document.get("verification") or {}).get("code")
     code_ok = stored_ok and printed["code"] is not None and printed["code"] == stored_code
     mismatches = []
-    for field in READBACK_FIELDS:  # the verification block's lines, each missing one by name
+    for field in readback_fields(document):  # the verification block's lines, each missing one by name
         if field not in printed["figures"]:
             stored = scalar_text(value_at(document, field))
             mismatches.append({"field": field, "certified": None, "recomputed": stored})
