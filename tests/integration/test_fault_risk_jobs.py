@@ -220,3 +220,56 @@ def test_a_straggling_node_of_an_elastic_job_is_snapshotted_drained_and_the_job_
     nodes = list(job.nodes.filter(attempt=1).values_list("node_name", flat=True))
     assert nodes == ["node-a", "node-b"], nodes
     assert job.state == "cancelled"
+
+
+def test_a_hung_rank_raises_the_risk_at_once_and_the_hang_is_cut_well_before_its_timeout(
+    live_stack, alice_api, record_property
+):
+    """A rank stopped for good (the injected ``hang-rank``) commits no step, nor do its peers: the risk
+    rises within seconds naming it, and under the default ``act`` policy the hang is cut at a quarter of the
+    job's 60 s hang timeout (15 s), not at 60 s; torchrun restarts the group from its snapshot and the job
+    succeeds."""
+    from controlplane.live.models import StreamEvent
+
+    body = {
+        "name": "a rank hangs",
+        "model": example("tiny-dense.json"),
+        "strategy": example("dp2.json"),
+        "training": example("training.json"),
+        "steps": 40,
+        "device": "cpu",
+        "snapshot_every": 5,
+        "hang_timeout_s": 60,
+        "inject": "hang-rank@step=12:rank=1",
+    }
+    r = alice_api.post("/api/jobs/", body, format="json")
+    assert r.status_code == 201, r.content
+    job = wait_for_state(r.json()["id"], {"succeeded", "failed"}, timeout=240)
+    assert job.state == "succeeded", (job.human_readable_error, job.log_tail[-3000:])
+    [fault] = job.faults.all()
+    assert fault.kind == "rank-hung" and fault.rank == 1, (fault.kind, fault.rank, fault.message)
+    assert "cut early by the job's risk policy" in fault.message, fault.message
+    # when the rank stopped: its last step committed (the step line the stall is timed from)
+    trained = StreamEvent.objects.filter(stream=job.stream, kind="train", values__restart=0).order_by("seq")
+    hung_at = trained.last().time
+    stalled = [e for e in risk_events(job.stream) if (e.get("stall") or {}).get("stopped")]
+    assert stalled and stalled[0]["stall"]["ranks"] == [1], risk_events(job.stream)[-3:]
+    first = (
+        StreamEvent.objects.filter(stream=job.stream, kind="risk", values__stall__isnull=False)
+        .exclude(values__stall=None)
+        .order_by("seq")
+        .first()
+    )
+    rise_s = (first.time - hung_at).total_seconds()
+    cut_s = (fault.detected_at - hung_at).total_seconds()
+    record_property("risk_rise_s", round(rise_s, 2))
+    record_property("hang_cut_s", round(cut_s, 2))
+    print(f"risk rose {rise_s:.2f} s after the last step; the hang was cut after {cut_s:.2f} s")
+    # the risk: medium at the 4 s stall threshold (10 s: the README's detection goal); the cut: at 15 s,
+    # with a slack for a loaded machine, and far from the 60 s timeout
+    assert rise_s <= 10.0, rise_s
+    assert 14.0 <= cut_s <= 30.0, cut_s
+    actions = [
+        (e["action"]["action"], e["action"]["status"]) for e in risk_events(job.stream) if "action" in e
+    ]
+    assert ("cut-hang", "requested") in actions and ("snapshot-now", "requested") not in actions, actions

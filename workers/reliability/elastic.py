@@ -111,6 +111,7 @@ class ElasticWatch:
         self._pending: dict | None = None  # a dead rank held until the next ranks say what it was
         self._faulted_restarts: set[int] = set()
         self._advance = (None, time.monotonic())  # (newest step seen, when it was first seen)
+        self._cut: tuple[float, str] | None = None  # the risk watch's request to cut this stall early
         self._snapshots: dict[str, dict] = {}
         self._last_scan = 0.0
         self._storage_import: threading.Thread | None = None
@@ -217,6 +218,20 @@ class ElasticWatch:
         down = self.injector.links_down.values() if self.injector is not None else ()
         return min(down, key=lambda fired: fired.fired_unix, default=None)
 
+    def cut_hang(self, after_s: float, reason: str) -> dict:
+        """The node's risk watch judged the ranks' stall a hang (``reason``): cut it once no step has been
+        committed for ``after_s`` (sooner than the hang timeout), as the timeout would; a step committed
+        first ends the stall and the request with it. The answer is the risk action's outcome."""
+        if after_s <= 0:
+            raise ValueError(f"after_s must be > 0, got {after_s}")
+        if after_s >= self.hang_timeout_s:
+            return {
+                "status": "refused",
+                "note": f"the hang timeout ({self.hang_timeout_s:g} s) cuts it as soon",
+            }
+        self._cut = (float(after_s), reason)
+        return {"status": "requested", "after_s": round(after_s, 3), "hang_timeout_s": self.hang_timeout_s}
+
     def _find_fault(self, current: dict[int, dict], now: float) -> None:
         dead, stopped, training = [], [], False
         for rank, doc in sorted(current.items()):
@@ -229,6 +244,7 @@ class ElasticWatch:
         newest = max((d.get("step") or 0 for d in current.values()), default=None)
         if newest != self._advance[0]:
             self._advance = (newest, time.monotonic())
+            self._cut = None  # a step was committed: the stall the risk watch saw is over
         if dead:
             # the agent stops the other ranks at once: by the next poll several may be gone; the one an
             # injected fault killed is the cause (without one, the watch cannot tell which went first)
@@ -264,7 +280,8 @@ class ElasticWatch:
             self._record(kind, link.rank if link else rank, now, at, message)
             return
         stalled_s = time.monotonic() - self._advance[1]
-        if training and stalled_s > self.hang_timeout_s:
+        limit = self.hang_timeout_s if self._cut is None else self._cut[0]
+        if training and stalled_s > limit:
             victims = stopped or sorted(current.items())
             for _rank, doc in victims:
                 try:
@@ -282,12 +299,18 @@ class ElasticWatch:
             else:
                 who = "every rank of this node (none was stopped: a deadlock looks the same on all)"
             cause = fired or link
+            cut = (
+                ""
+                if self._cut is None
+                else f"cut early by the job's risk policy ({self._cut[1]}); hang timeout {self.hang_timeout_s:g} s"
+            )
+            self._cut = None
             self._record(
                 "drop-link" if link else "rank-hung",
                 link.rank if link else first,
                 now,
                 cause.fired_unix if cause else now - stalled_s,
-                f"no step committed for {stalled_s:.1f} s (hang timeout {self.hang_timeout_s:g} s): "
+                f"no step committed for {stalled_s:.1f} s ({cut or f'hang timeout {self.hang_timeout_s:g} s'}): "
                 f"killed {who}",
             )
 

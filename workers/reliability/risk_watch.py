@@ -39,6 +39,17 @@ event with an ``action`` (``{"action", "status", "reason", "risk", "at_unix", ..
 
 Rebalancing a straggler (shifting micro-batches) is not built yet.
 
+**A stall** (:meth:`NodeRiskWatch.stall`): the straggler detector scores the steps the ranks commit, so a rank
+that commits none (hung, stopped, deadlocked: its peers then wait in their collectives and commit none
+either) would keep the last score it had. While the group is training, no step line for
+``max(STALL_FLOOR_S, STALL_STEPS x the median step time)`` raises the risk to ``warn_at``, rising to
+``act_at`` at twice that (and 1.0 a little later); the stopped ranks (SIGSTOP, a debugger) are named,
+else every rank of the group. Each change of its level is a ``risk`` event at once (not at the next
+telemetry sample). A stall is no time for a snapshot (the ranks cannot take one): at ``act_at`` the action
+is ``cut-hang`` instead, which asks the recovery watch (``cut_hang``) to treat the stall as the hang it is
+once it has lasted ``max(cut_hang_min_s, twice the stall threshold, a quarter of the hang timeout)``, well
+before the job's hang timeout; ``observed`` under ``observe``.
+
 Which ranks. Every rank of the job writes its step lines into the progress directory of the node it runs on,
 so a node's watch compares its own ranks (a straggler among a node's 8 ranks). Where nodes share the
 directory (one machine, a shared filesystem: the watch sees more ranks than the node runs), only node 0's
@@ -50,20 +61,25 @@ Events (``workers/events.py``; ``values``)::
     risk:      {"node", "node_rank", "attempt", "risk", "level", "ranks": [{"rank", "score", "share",
                 "flagged", "reason"}...], "straggler": {"signal", "steps_scored", ...},
                 "failure": {"risk", "model", "trained_on", "horizon_s", ...} | {"absent": why},
-                ["flag": the flag just raised or cleared]}
+                ["flag": the flag just raised or cleared], "stall": {"stalled_s", "expected_s", "score",
+                "ranks", "stopped", "step"} | None}
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from workers.reliability.risk.policy import PreventionPolicy, risk_level
+import psutil
+
+from workers.reliability.risk.policy import ACT_RISK, WARN_RISK, PreventionPolicy, risk_level
 from workers.reliability.straggler import StragglerDetector, StragglerPolicy
 from workers.reliability.telemetry.base import TelemetrySample
 from workers.reliability.telemetry.job import JobSignals
@@ -88,6 +104,21 @@ GROUP_FORMED_AFTER_STEPS = 3
 written cannot leave it out)."""
 
 
+STALL_FLOOR_S = 4.0
+"""No step committed for this long (at least) while training is a stall: above the README's straggler
+detection time (1.9-3.7 s), and above the pauses a loaded 2-core machine gives a healthy group."""
+STALL_STEPS = 10
+"""... or for this many of the group's median step times, where that is longer (slow steps)."""
+
+
+def _stopped(pid) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a tracer): a rank that cannot commit a step."""
+    try:
+        return psutil.Process(int(pid)).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.Error, TypeError, ValueError):
+        return False
+
+
 class NodeRiskWatch:
     def __init__(
         self,
@@ -106,11 +137,15 @@ class NodeRiskWatch:
         prevention: PreventionPolicy | None = None,
         protected: bool = False,
         drain: Callable[[str, str], dict] | None = None,
+        cut_hang: Callable[[float, str], dict] | None = None,
+        hang_timeout_s: float | None = None,
         clock: Callable[[], float] = time.time,
     ):
         """``protected``: the job takes snapshots (a snapshot now is possible, and a failure costs steps, not
         the run). ``drain(node, reason) -> {"status": "done" | "refused", "note", ...}`` takes a node out of
-        the job (None: no one can; a drain is then refused saying so)."""
+        the job (None: no one can; a drain is then refused saying so). ``cut_hang(after_s, reason) ->
+        {"status": "requested" | "refused", ...}``: the recovery watch's :meth:`ElasticWatch.cut_hang`, which
+        kills a stalled group after ``after_s`` (``hang_timeout_s``: the job's, which a cut comes before)."""
         if local_ranks < 1:
             raise ValueError(f"local_ranks must be >= 1, got {local_ranks!r}")
         self.dir = Path(progress_dir)
@@ -120,7 +155,14 @@ class NodeRiskWatch:
         self.policy = straggler_policy or StragglerPolicy()
         self.prevention = prevention or PreventionPolicy()
         self.drain = drain
+        self.cut_hang = cut_hang
+        self.hang_timeout_s = hang_timeout_s
         self.protected = bool(protected)
+        self._last_line_unix: float | None = None  # when the newest step line was written
+        self._recent_step_s: deque[float] = deque(maxlen=64)
+        self._stall: dict | None = None  # the stall as of the last poll
+        self._stall_level: str | None = None
+        self._stall_cut = False  # this stall's cut-hang action was taken
         self.actions: list[dict] = []
         self._warned = False  # the open episode (risk >= warn_at) was warned about
         self._acted = False  # ... and acted on (risk >= act_at)
@@ -183,6 +225,13 @@ class NodeRiskWatch:
         )
         for line in lines:
             self._observe(line)
+        self._stall = self.stall()
+        level = None if self._stall is None else risk_level(self._stall["score"])
+        if level != self._stall_level:  # a stall begun, risen or over: said at once
+            self._stall_level = level
+            if self._stall is None:
+                self._stall_cut = False
+            self._publish_risk()
         while True:
             try:
                 sample = self._samples.get_nowait()
@@ -191,6 +240,36 @@ class NodeRiskWatch:
             self._publish_sample(sample)
         if self._request is not None:
             self._follow_request()
+
+    def stall(self) -> dict | None:
+        """The group's stall now (module docstring), or None: it committed a step recently enough, it is not
+        training (starting, resuming, finishing: no step is due), or it has not formed."""
+        if (
+            not self.scoring
+            or self.detector is None
+            or self._last_line_unix is None
+            or not self._recent_step_s
+        ):
+            return None
+        stalled = self._clock() - self._last_line_unix
+        expected = max(STALL_FLOOR_S, STALL_STEPS * statistics.median(self._recent_step_s))
+        if stalled < expected:
+            return None
+        docs = read_progress(self.dir)
+        newest = max((_int_or(d.get("restart"), 0) for d in docs.values()), default=0)
+        group = {r: d for r, d in docs.items() if r in self._index and _int_or(d.get("restart"), 0) == newest}
+        if not group or any(d.get("phase") != "training" for d in group.values()):
+            return None
+        stopped = [r for r, d in sorted(group.items()) if _stopped(d.get("pid"))]
+        score = min(1.0, WARN_RISK + (ACT_RISK - WARN_RISK) * (stalled / expected - 1.0))
+        return {
+            "stalled_s": round(stalled, 3),
+            "expected_s": round(expected, 3),
+            "score": round(score, 4),
+            "ranks": stopped or sorted(group),
+            "stopped": bool(stopped),
+            "step": self.last_step,
+        }
 
     # ---------------------------------------------------------------------------------------- the ranks
 
@@ -206,6 +285,10 @@ class NodeRiskWatch:
             self.lines_dropped += 1  # malformed (a cut line is never returned by the reader): counted
             return
         self.last_step = max(self.last_step or 0, step)
+        written = line.get("t")
+        written = float(written) if isinstance(written, int | float) else self._clock()
+        self._last_line_unix = max(self._last_line_unix or 0.0, written)
+        self._recent_step_s.append(float(step_s))
         if self._group_restart is not None and restart < self._group_restart:
             return  # a late line of a group torchrun has since restarted
         forming = self._forming
@@ -325,12 +408,31 @@ class NodeRiskWatch:
             }
         return scored
 
+    def _stalled_ranks(self, ranks: list[dict]) -> list[dict]:
+        """``ranks`` (:meth:`ranks_report`) with the stalled ones scored and flagged by the stall."""
+        stall = self._stall
+        if stall is None:
+            return ranks
+        for row in ranks:
+            if row["rank"] in stall["ranks"]:
+                row["score"] = max(row.get("score") or 0.0, stall["score"])
+                row["flagged"] = True
+                row["reason"] = (
+                    f"rank {row['rank']} committed no step for {stall['stalled_s']:.1f} s (one was due within "
+                    f"{stall['expected_s']:.1f} s)" + (": its process is stopped" if stall["stopped"] else "")
+                )
+        return ranks
+
     def _publish_risk(self, *, flag: dict | None = None) -> None:
         if not self.scoring:
             return
-        ranks = self.ranks_report()
+        ranks = self._stalled_ranks(self.ranks_report())
         failure = self.failure_risk()
-        parts = [r["score"] for r in ranks] + ([failure["risk"]] if "risk" in failure else [])
+        parts = (
+            [r["score"] for r in ranks]
+            + ([failure["risk"]] if "risk" in failure else [])
+            + ([self._stall["score"]] if self._stall is not None else [])
+        )
         risk = round(max(parts), 4) if parts else None
         det = self.detector
         values: dict[str, Any] = {
@@ -354,6 +456,7 @@ class NodeRiskWatch:
                 ),
             },
             "failure": failure,
+            "stall": self._stall,
         }
         if flag is not None:
             values["flag"] = flag
@@ -400,6 +503,10 @@ class NodeRiskWatch:
         if not self._warned:
             self._warned = True
             self._action("warn", "sent", risk, why)
+        if self._stall is not None and self._stall["score"] >= risk:
+            if risk >= p.act_at:
+                self._cut_stall(risk, why)
+            return  # stalled ranks take no snapshot: the stall is cut, not snapshotted
         if risk < p.act_at or self._acted:
             return
         now = self._clock()
@@ -439,6 +546,32 @@ class NodeRiskWatch:
                 at_step=self.last_step,
                 nodes=self.nodes_to_drain(ranks, failure, risk),
             )
+
+    def _cut_stall(self, risk: float, why: str) -> None:
+        """``cut-hang``, once a stall: the recovery watch kills the stalled group after ``after_s`` (sooner
+        than the job's hang timeout), and torchrun restarts it from its newest snapshot."""
+        if self._stall_cut:
+            return
+        self._stall_cut = True
+        p = self.prevention
+        after_s = max(p.cut_hang_min_s, 2.0 * self._stall["expected_s"])
+        if self.hang_timeout_s:
+            after_s = max(after_s, self.hang_timeout_s * p.cut_hang_share)
+        after_s = round(after_s, 3)
+        if p.mode == "observe":
+            self._action("cut-hang", "observed", risk, why, after_s=after_s,
+                         note="the job's risk policy is observe only")  # fmt: skip
+        elif self.cut_hang is None:
+            self._action(
+                "cut-hang", "refused", risk, why, after_s=after_s, note="nothing can cut a hang here"
+            )
+        else:
+            try:
+                answer = dict(self.cut_hang(after_s, why))
+            except Exception as exc:  # noqa: BLE001 - the recovery watch's refusal is the action's outcome
+                answer = {"status": "refused", "note": f"the cut failed: {type(exc).__name__}: {exc}"}
+            status = answer.pop("status", "refused")
+            self._action("cut-hang", status, risk, why, **{"after_s": after_s, **answer})
 
     def nodes_to_drain(self, ranks: list[dict], failure: dict, risk: float) -> list[str]:
         """The nodes to drain: this node when its failure risk is what crossed the line; else those of the

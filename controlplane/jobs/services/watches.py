@@ -110,6 +110,8 @@ def risk_watch_for(job: TrainingJob, attempt: int, node_rank: int, watch, *, loc
         prevention=PreventionPolicy(mode=(job.config or {}).get("risk_policy") or "act"),
         protected=job.snapshots_enabled,
         drain=lambda node, reason: node_drain(job_id=job.pk, attempt=attempt, node_name=node, reason=reason),
+        cut_hang=watch.cut_hang,
+        hang_timeout_s=watch.hang_timeout_s,
         publish=lambda kind, values, step: publish_after_commit(job.stream, kind, values, step=step),
     )
 

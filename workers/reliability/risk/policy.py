@@ -30,6 +30,12 @@ class PreventionPolicy:
     every few minutes bounds what a failure costs, and more would stall training for little)."""
     answer_timeout_s: float = 120.0
     """A snapshot the ranks did not take within this long is ``unanswered`` (they may be stopped or hung)."""
+    cut_hang_min_s: float = 15.0
+    """A stall is cut (``cut-hang``) no sooner than this: a quarter of the default 60 s hang timeout
+    (assumption: longer than the pauses a healthy group takes between steps, a synchronous snapshot of a
+    large model or a short evaluation; a user whose evaluations run longer sets a longer hang timeout)."""
+    cut_hang_share: float = 0.25
+    """... and no sooner than this share of the job's hang timeout."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("act", "observe"):
