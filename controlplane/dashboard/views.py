@@ -16,24 +16,11 @@ from controlplane.green import selectors as green_selectors
 from controlplane.green.apis import MAX_HOURS, ScheduleRowSerializer
 from controlplane.green.certificate_apis import CertificateRowSerializer
 from controlplane.green.certificates import certificates_of
+from controlplane.green.zones import zone_choices
 from controlplane.jobs.selectors import jobs_of
 from workers.green.history import SOURCE as HISTORY_SOURCE
-from workers.green.history import ZONES as HISTORY_ZONES
 
 LISTED = 50  # the newest schedules on the page (the API lists them all)
-# zones offered besides the shipped histories: without a live provider their figure is CodeCarbon's annual
-# country average (one value, nothing to shift), which the result says
-OTHER_ZONES = (
-    ("FR", "France"),
-    ("NL", "Netherlands"),
-    ("PL", "Poland"),
-    ("SE", "Sweden"),
-    ("US", "United States"),
-    ("IN", "India"),
-    ("CN", "China"),
-    ("JP", "Japan"),
-)
-HISTORY_NAMES = {"GB": "Great Britain, 30 min", "DE": "Germany, 15 min"}
 
 
 @login_required
@@ -48,13 +35,7 @@ def green_page(request):
     reports below."""
     default_zone = settings.GREEN_DEFAULT_ZONE
     live = green_selectors.live_intensity_providers(os.environ)
-    shipped = "live provider, else 2020 history" if live["providers"] else "2020 history"
-    zones = [
-        {"code": z, "label": f"{z} · {HISTORY_NAMES.get(z, z)} ({shipped})"} for z in sorted(HISTORY_ZONES)
-    ]
-    zones += [{"code": z, "label": f"{z} · {name}"} for z, name in OTHER_ZONES]
-    if default_zone not in {z["code"] for z in zones}:
-        zones.insert(0, {"code": default_zone, "label": f"{default_zone} (this deployment's zone)"})
+    zones = zone_choices(default_zone=default_zone, live=bool(live["providers"]))
     schedules = list(green_selectors.schedules_of(request.user)[:LISTED])
     reports = CertificateRowSerializer(certificates_of(request.user)[:LISTED], many=True).data
     return render(
