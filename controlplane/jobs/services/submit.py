@@ -221,8 +221,8 @@ def _submit_config(
         if carbon_aware is not None:
             if is_user_run(config):  # a bad job is told so before it is scheduled
                 checked_user_run_config(config, nnodes=nnodes)
-            else:
-                validated_config(config)
+            else:  # the snapshot directory is the control plane's, given when the job is stored
+                validated_config(with_stand_in_snapshot_dir(config))
             schedule = carbon_aware_schedule(
                 team=team, user=user, name=name, config=config, plan=plan, request=carbon_aware
             )
@@ -279,6 +279,25 @@ def check_inputs(config: dict) -> None:
         check_run_inputs(JobConfig.from_dict(config))
     except ConfigError as exc:
         raise ValidationError(exc.errors) from exc
+
+
+def takes_own_snapshot_dir(config) -> bool:
+    """A job that snapshots (``snapshot_every`` > 0) without naming a directory gets the control plane's
+    (``snapshot_dir_of``, once it has an id)."""
+    return (
+        isinstance(config, dict)
+        and not config.get("snapshot_dir")
+        and isinstance(config.get("snapshot_every"), int)
+        and config["snapshot_every"] > 0
+    )
+
+
+def with_stand_in_snapshot_dir(config: dict) -> dict:
+    """``config`` as the runtime validates it before the job has an id: a job that takes the control plane's
+    snapshot directory holds a stand-in for it (the runtime requires one with ``snapshot_every``)."""
+    if not takes_own_snapshot_dir(config):
+        return config
+    return {**config, "snapshot_dir": str(Path(settings.VAR_DIR) / "jobs" / "new" / "snapshots")}
 
 
 def snapshot_dir_of(job: TrainingJob) -> Path:
@@ -445,14 +464,9 @@ def job_create(
         # group that re-forms for a node that joins restarts its ranks without a failure (torchrun's restart
         # count stays), and a first start would refuse the snapshot directory it already wrote to
         config = {**config, "rescale": True, "resume": True}
-    own_dir = (
-        isinstance(config, dict)
-        and not config.get("snapshot_dir")
-        and isinstance(config.get("snapshot_every"), int)
-        and config["snapshot_every"] > 0
-    )
+    own_dir = takes_own_snapshot_dir(config)
     if own_dir:  # validated with a stand-in; the real directory is named after the job's id below
-        config = {**config, "snapshot_dir": str(Path(settings.VAR_DIR) / "jobs" / "new" / "snapshots")}
+        config = with_stand_in_snapshot_dir(config)
     if isinstance(config, dict):
         check_job_paths(config)  # before the runtime reads any of them
     hf_export = isinstance(config, dict) and bool(config.get("hf_model")) and not user_run
