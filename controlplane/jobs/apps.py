@@ -9,10 +9,10 @@ class JobsConfig(AppConfig):
         from django.conf import settings
 
         from controlplane.jobs.comparisons import reap_stalled_comparisons
+        from controlplane.jobs.plan_launch import launch_form, scaled_down_launch
         from controlplane.jobs.selectors import plan_measured_expert_load, plan_measured_runs
         from controlplane.jobs.services import (
             job_progress_from_events,
-            job_submit,
             keep_job_credentials,
             reap_orphans,
             scheduling,
@@ -38,19 +38,11 @@ class JobsConfig(AppConfig):
         housekeeping.every(10.0, audit_event_delivery)
         housekeeping.on_stored(job_progress_from_events)
 
-        def launch(*, plan, user, steps: int, name: str):
-            """A stored plan as a job on this machine's CPU ranks, profiled (the scaled-down launch)."""
-            return job_submit(
-                user=user,
-                team=plan.team,
-                name=name,
-                plan_id=plan.pk,
-                steps=steps,
-                device="cpu",
-                profile_every=5,
-            )
-
-        # the knowledge base learns from the runs of its plans, and launches them (planning sits below jobs)
+        # the knowledge base learns from the runs of its plans, and launches them with the options its page
+        # offers (planning sits below jobs)
         ports.plug(
-            measured_runs=plan_measured_runs, measured_expert_load=plan_measured_expert_load, launch=launch
+            measured_runs=plan_measured_runs,
+            measured_expert_load=plan_measured_expert_load,
+            launch=scaled_down_launch,
+            launch_form=launch_form,
         )

@@ -366,6 +366,10 @@ class PlanSerializer(StrictFieldsMixin, TeamOwnedSerializer):
 
 
 class ScaleDownSerializer(serializers.Serializer):
+    """The steps and name of the scaled-down job; any other key is a run option of ``POST /api/jobs/``
+    (``comm_hook``, ``hang_timeout_s``, ``energy``, ``risk_policy``, ``carbon_aware``, ...), checked as that API
+    checks it. Not the node count nor the device: it runs on one node of this machine's CPU ranks."""
+
     steps = serializers.IntegerField(min_value=1, max_value=100_000, default=20)
     name = serializers.CharField(
         max_length=200, required=False, help_text='default "scaled-down from plan #N"'
@@ -402,17 +406,19 @@ class PlanViewSet(
         """A version of this plan that runs on this machine: the same kinds of parallelism at degree 2 as
         far as ``CANN_TRAIN_MAX_CPU_RANKS`` allows, a small model. GET: what would change (field, original,
         scaled, why) and the scaled plan's prediction. POST: store it ("scaled-down from plan #N") and
-        launch it as a job on this machine's CPU ranks."""
+        launch it as a job on this machine's CPU ranks, with the run options of ``POST /api/jobs/`` given."""
         plan = self.get_object()
         if request.method == "GET":
             return Response(selectors.scale_down_preview(services.plan_scaled_down(plan=plan), plan))
         data = ScaleDownSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        options = {k: v for k, v in request.data.items() if k not in data.fields}
         row, job, scaled = services.plan_scale_down_launch(
             plan=plan,
             user=request.user,
             steps=data.validated_data["steps"],
             name=data.validated_data.get("name"),
+            options=options,
         )
         return Response(
             {

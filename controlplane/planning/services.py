@@ -465,11 +465,14 @@ def plan_scaled_down(*, plan: StoredPlan):
         raise ValidationError({"plan": [f"this plan cannot be scaled down: {exc}"]}) from exc
 
 
-def plan_scale_down_launch(*, plan: StoredPlan, user, steps: int, name: str | None = None):
+def plan_scale_down_launch(
+    *, plan: StoredPlan, user, steps: int, name: str | None = None, options: dict | None = None
+):
     """Store the scaled-down plan in the knowledge base (named "scaled-down from plan #N") and launch it as
-    a job on this machine's CPU ranks; the job's measured figures land beside the scaled plan's prediction,
-    never beside the original's. Returns ``(scaled plan row, job, ScaledDown)``; a job the job API refuses
-    (ranks, memory) is a 400 and stores nothing."""
+    a job on this machine's CPU ranks with the run options given (those of a job request); the job's measured
+    figures land beside the scaled plan's prediction, never beside the original's. Returns ``(scaled plan row,
+    job, ScaledDown)``; a job the job API refuses (ranks, memory, an option's value) is a 400 and stores
+    nothing."""
     scaled = plan_scaled_down(plan=plan)
     label = f"scaled-down from plan #{plan.pk}"
     with transaction.atomic():
@@ -482,5 +485,5 @@ def plan_scale_down_launch(*, plan: StoredPlan, user, steps: int, name: str | No
             training=scaled.training.to_dict(),
             **plan_row_fields(scaled.plan, scaled.model, scaled.cluster),
         )
-        job = ports.launch(plan=row, user=user, steps=steps, name=name or label)
+        job = ports.launch(plan=row, user=user, steps=steps, name=name or label, options=options)
     return row, job, scaled

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane.accounts.selectors import teams_of
 from controlplane.common.formats import document_download
-from controlplane.planning import selectors, services
+from controlplane.planning import ports, selectors, services
 from controlplane.planning.seed import seed_knowledge_base
 from workers.planner.specs.model import ACTIVATIONS
 
@@ -58,6 +58,8 @@ def plan_detail(request, pk: int):
         {
             "data": selectors.plan_page_data(plan),
             "comm_comparisons": selectors.plan_comm_comparisons(plan),
+            # the Launch form's options (the job API's, from the jobs app above: planning's port)
+            "launch_form": ports.launch_form(user=request.user, plan=plan),
         },
     )
 

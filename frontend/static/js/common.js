@@ -29,13 +29,25 @@ export const postJSON = (url, body = {}) => requestJSON("POST", url, body);
 
 // ------------------------------------------------------------------------------------------ errors
 
-// "field: message" lines of a DRF error ({field: [messages]}, {detail}, nested dicts and lists flattened)
-export function errorLines(body, prefix = "") {
+// {field, message} of each message of a DRF error ({field: [messages]}, {detail}, nested dicts and lists
+// flattened; field is the dotted path, "carbon_aware.deadline_h", or "" for the request as a whole)
+export function errorEntries(body, field = "") {
   if (body == null) return [];
-  if (typeof body === "string") return [prefix ? `${prefix}: ${body}` : body];
-  if (Array.isArray(body)) return body.flatMap((b) => errorLines(b, prefix));
-  return Object.entries(body).flatMap(([k, v]) => errorLines(v, k === "non_field_errors" || k === "detail" ? prefix
-    : prefix ? `${prefix}.${k}` : k));
+  if (typeof body === "string") return [{ field, message: body }];
+  if (Array.isArray(body)) return body.flatMap((b) => errorEntries(b, field));
+  return Object.entries(body).flatMap(([k, v]) => errorEntries(v, k === "non_field_errors" || k === "detail" ? field
+    : field ? `${field}.${k}` : k));
+}
+
+// one entry as a line: "field: message", or the message alone when it names its field itself (the job API's
+// energy settings say "energy.pue must be a number >= 1": not "energy: energy.pue must ...")
+export function errorText({ field, message }) {
+  return !field || message.startsWith(`${field} `) || message.startsWith(`${field}.`) ? message : `${field}: ${message}`;
+}
+
+// "field: message" lines of a DRF error
+export function errorLines(body) {
+  return errorEntries(body).map(errorText);
 }
 
 // The lines of a failed request's answer, or `fallback (HTTP status)` when it said nothing readable.

@@ -4,10 +4,11 @@
 // Pages: initSearchPage() (planning/search_detail.html), initPlanPage() (plan_detail.html) and
 // initDiffPage() (plan_diff.html). Each reads the JSON the view embedded with json_script("viz-data"); the
 // search page fetches the same JSON again from GET /api/searches/<id>/page-data/ when the search ends.
+import { bindLaunchOptions, launchOptions, showLaunchErrors } from "./launch_options.js";
 import { LiveClient } from "./live.js";
 import {
   MISSING, failureLines, formatGiB, formatNumber as num, formatPercent as pct, formatSeconds as secs, getJSON, h,
-  postJSON, showErrorLines,
+  postJSON,
 } from "./common.js";
 import {
   diffTable, drawDiff, drawDiffCharts, drawMeasured, drawMemory, drawPareto, drawPlacement, drawSchedule,
@@ -500,19 +501,21 @@ export function initPlanPage() {
 }
 
 // "Launch a scaled-down version": POST /api/plans/<id>/scale-down/ stores the scaled plan and starts its job
-// (labelled "scaled-down from plan #N"); the page then follows the job.
+// (labelled "scaled-down from plan #N") with the options set (launch_options.js); the page then follows the job.
 function bindScaleDown(form, data) {
   if (!form) return;
   const out = form.querySelector(".launch-errors");
+  bindLaunchOptions(form);
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
     out.replaceChildren(h("li", { class: "muted" }, "storing the scaled-down plan and launching it…"));
-    const r = await postJSON(data.urls.scale_down, { steps: Number(new FormData(form).get("steps") || 20) });
+    const r = await postJSON(data.urls.scale_down, { steps: Number(new FormData(form).get("steps") || 20),
+                                                     ...launchOptions(form) });
     if (r.status === 201 && r.body && r.body.job) { location.assign(r.body.job.url); return; }
     button.disabled = false;
-    showErrorLines(out, failureLines(r, "scaled-down launch failed"));
+    showLaunchErrors(form, out, r, "scaled-down launch failed");
   });
 }
 
@@ -530,6 +533,7 @@ function renderJobs(root, data) {
 function bindLaunch(form, data) {
   if (!form) return;
   const out = form.querySelector(".launch-errors");
+  bindLaunchOptions(form);
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const button = form.querySelector("button[type=submit]");
@@ -537,13 +541,14 @@ function bindLaunch(form, data) {
     out.replaceChildren(h("li", { class: "muted" }, "launching…"));
     const fd = new FormData(form);
     // plan_id: the job takes the stored plan's strategy, model and training config, and its measured
-    // figures come back to this plan when it succeeds; profile_every gives the compute/comm split
+    // figures come back to this plan when it succeeds; the options block (launch_options.js) adds only the
+    // options set; profile_every (filled in as 5) gives the compute/comm split
     const body = { name: fd.get("name") || data.plan.name || `plan ${data.plan.id}`, plan_id: data.plan.id,
-                   steps: Number(fd.get("steps") || 20), profile_every: 5 };
+                   steps: Number(fd.get("steps") || 20), ...(launchOptions(form) || { profile_every: 5 }) };
     const r = await postJSON(data.urls.launch, body);
     if (r.status === 201 && r.body && r.body.id != null) { location.assign(`/jobs/${r.body.id}/`); return; }
     button.disabled = false;
-    showErrorLines(out, failureLines(r, "launch failed"));
+    showLaunchErrors(form, out, r, "launch failed");
   });
 }
 
