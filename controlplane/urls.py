@@ -12,7 +12,7 @@ from rest_framework.routers import DefaultRouter
 
 from controlplane.accounts import views as account_views
 from controlplane.accounts.apis import MeApi, TokenListCreateApi, TokenRevokeApi
-from controlplane.clusters.apis import ClusterViewSet, HardwareProfileViewSet
+from controlplane.clusters.apis import CalibrationApi, ClusterViewSet, HardwareProfileViewSet
 from controlplane.common import errors
 from controlplane.common.api import IdConverter
 from controlplane.common.health import healthz, livez, readyz
@@ -45,6 +45,7 @@ api_patterns = [
     path("tokens/", TokenListCreateApi.as_view(), name="tokens"),
     path("tokens/<id:pk>/", TokenRevokeApi.as_view(), name="token-revoke"),
     path("plans/evaluate/", EvaluateApi.as_view(), name="plan-evaluate"),
+    path("calibration/", CalibrationApi.as_view(), name="calibration"),
     path("green/", include("controlplane.green.urls")),
     path("certificates/", include("controlplane.green.certificate_urls")),
     # no login: a report's holder checks it by its printed code (rate-limited)

@@ -403,3 +403,20 @@ def tiered(cases, long) -> list:
     if unknown:
         raise ValueError(f"tiered: {sorted(unknown)} marked long but not among the cases {sorted(cases)}")
     return [pytest.param(c, marks=pytest.mark.long, id=c) if c in long else c for c in cases]
+
+
+@contextlib.contextmanager
+def calibration_held(stack):
+    """While inside, ``stack``'s machine is being calibrated as far as its processes know (a fresh status file
+    says so): a request to calibrate is answered 409 and nothing measures, so a test that sends valid
+    requests to every operation starts no minutes-long measuring, nor leaves a calibrated profile behind."""
+    directory = Path(stack.env["CANN_TRAIN_VAR_DIR"]) / "calibration"
+    directory.mkdir(parents=True, exist_ok=True)
+    status = directory / "status.json"
+    status.write_text(
+        json.dumps({"state": "running", "stage": "held", "what": "held by a test", "fraction": 0})
+    )
+    try:
+        yield
+    finally:
+        status.unlink(missing_ok=True)

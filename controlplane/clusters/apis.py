@@ -5,7 +5,9 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.decorators import action
+from rest_framework.exceptions import APIException
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from controlplane.clusters.models import Cluster, HardwareProfile
 from controlplane.common.api import TeamScopedViewSet
@@ -98,3 +100,63 @@ class ClusterViewSet(TeamScopedViewSet):
 class HardwareProfileViewSet(TeamScopedViewSet):
     queryset = HardwareProfile.objects.select_related("team")
     serializer_class = HardwareProfileSerializer
+
+
+# --- calibrating this machine ----------------------------------------------------------------------------
+
+
+class CalibrationStatusSerializer(serializers.Serializer):
+    calibrated = serializers.BooleanField(help_text="this machine's cpu profile is measured")
+    measured_at = serializers.CharField(allow_null=True)
+    origin = serializers.CharField(help_text="the calibration file, or the shipped default")
+    state = serializers.ChoiceField(
+        choices=["queued", "running", "done", "failed"], allow_null=True, help_text="the newest calibration's"
+    )
+    running = serializers.BooleanField()
+    stage = serializers.CharField(allow_null=True)
+    what = serializers.CharField(allow_null=True, help_text="what is being measured now")
+    fraction = serializers.FloatField(allow_null=True, help_text="0 to 1, roughly by time")
+    requested_at = serializers.CharField(allow_null=True)
+    started_at = serializers.CharField(allow_null=True)
+    finished_at = serializers.CharField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    quick = serializers.BooleanField(allow_null=True)
+    note = serializers.CharField(allow_null=True, help_text="e.g. measured while jobs trained here")
+
+
+class CalibrationRequestSerializer(serializers.Serializer):
+    quick = serializers.BooleanField(
+        default=False, help_text="fewer shapes and repetitions (under a minute here; less exact)"
+    )
+    allreduce = serializers.BooleanField(
+        default=True, help_text="measure gloo all-reduce and the runtime's layers between 2 processes"
+    )
+
+
+class CalibrationApi(APIView):
+    """This machine's calibration for the cost model: GET its state and progress; POST starts one (202), 409
+    while one is under way. Any signed-in user may start it: it measures the machine every team's
+    ``this-machine-cpu`` plans run on."""
+
+    @extend_schema(responses=CalibrationStatusSerializer)
+    def get(self, request):
+        from controlplane.clusters.calibration import calibration_status
+
+        return Response(CalibrationStatusSerializer(calibration_status()).data)
+
+    @extend_schema(request=CalibrationRequestSerializer, responses={202: CalibrationStatusSerializer})
+    def post(self, request):
+        from controlplane.clusters.calibration import CalibrationRunning, calibration_start
+
+        body = CalibrationRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            status = calibration_start(by=request.user.get_username(), **body.validated_data)
+        except CalibrationRunning as exc:
+            raise Conflict(str(exc)) from None
+        return Response(CalibrationStatusSerializer(status).data, status=202)
+
+
+class Conflict(APIException):
+    status_code = 409
+    default_code = "calibration_running"

@@ -8,9 +8,14 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from controlplane.clusters import calibration
         from controlplane.jobs.comparisons import reap_stalled_comparisons
         from controlplane.jobs.plan_launch import launch_form, scaled_down_launch
-        from controlplane.jobs.selectors import plan_measured_expert_load, plan_measured_runs
+        from controlplane.jobs.selectors import (
+            jobs_training_count,
+            plan_measured_expert_load,
+            plan_measured_runs,
+        )
         from controlplane.jobs.services import (
             job_progress_from_events,
             keep_job_credentials,
@@ -46,3 +51,5 @@ class JobsConfig(AppConfig):
             launch=scaled_down_launch,
             launch_form=launch_form,
         )
+        # a calibration of this machine waits for the jobs training here (clusters sits below jobs)
+        calibration.plug(busy=jobs_training_count)

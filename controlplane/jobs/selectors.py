@@ -317,6 +317,13 @@ def source_plan_of(user, pk: int):
     return scoped(StoredPlan.objects.all(), user).filter(pk=pk).first()
 
 
+def jobs_training_count() -> int:
+    """Jobs launching, training or recovering now, every team's (what a calibration of the machine waits for)."""
+    return TrainingJob.objects.filter(
+        state__in=[JobState.LAUNCHING, JobState.RUNNING, JobState.RECOVERING]
+    ).count()
+
+
 def queue_position(job: TrainingJob) -> int | None:
     """How many launched jobs wait ahead of this one for a worker slot (any team's: they share the
     workers; only the count is shown), or None when the job is not waiting. A job waits from its launch

@@ -13,7 +13,9 @@ leaving any operation out:
   one team may (``CANN_TRAIN_MAX_ACTIVE_JOBS``), so a valid request is checked to the end and answered
   429 with nothing stored; those queued jobs are never a path id here (a cancel would free a slot);
 - searches and comparisons (``POST /api/searches/``, ``what-if``, ``comm-compare``) have no such quota:
-  one that is created (201) is cancelled at once, before any worker gets far with it.
+  one that is created (201) is cancelled at once, before any worker gets far with it;
+- this machine's calibration (``POST /api/calibration/``): one is under way (its status file says so), so a
+  valid request is answered 409 and nothing measures.
 The fixture checks afterwards that no job was launched and nothing created was left running.
 
 ``CANN_TRAIN_FUZZ_EXAMPLES`` (default 25 per operation and representation) and ``CANN_TRAIN_FUZZ_SEED``
@@ -38,6 +40,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.conftest import calibration_held
 from workers.planner.examples import contract
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -243,7 +246,8 @@ def fuzz_world(live_stack, make_member, token_for):
     seeded_searches = set(StrategySearch.objects.filter(team=team).values_list("pk", flat=True))
     seeded_comparisons = set(CommComparison.objects.filter(team=team).values_list("pk", flat=True))
     seeded_jobs = set(TrainingJob.objects.filter(team=team).values_list("pk", flat=True))
-    yield world
+    with calibration_held(live_stack):
+        yield world
 
     # nothing was launched: a valid job request ended in the quota's 429 (and stored nothing), every search
     # or comparison a valid request created was cancelled or has already ended (a worker without network
@@ -406,6 +410,7 @@ def valid_requests(world: FuzzWorld) -> list[tuple[str, str, dict, object, set[i
             {201},
         ),
         ("POST", "/api/plans/evaluate/", {}, {**scenario, "strategy": best.strategy}, {200}),
+        ("POST", "/api/calibration/", {}, {"quick": True}, {409}),
         ("GET", "/api/plans/{id}/plan-json/", {"id": best.pk}, None, {200}),
         ("GET", "/api/plans/{id}/scale-down/", {"id": best.pk}, None, {200}),
         ("POST", "/api/plans/{id}/scale-down/", {"id": best.pk}, {"steps": 5}, {429}),

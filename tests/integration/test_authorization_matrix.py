@@ -185,6 +185,10 @@ API: dict[tuple[str, str], Op] = {
     ("GET", "/api/plans/{id}/plan-json/"): Op("plan"),
     ("GET", "/api/plans/{id}/scale-down/"): Op("plan"),
     ("POST", "/api/plans/{id}/scale-down/"): Op("plan", body=lambda w: {"steps": 5}, own=QUEUE_FULL),
+    # this machine's calibration: any signed-in user reads it; alice's request is refused for its body
+    # (validated after authentication), so that no measuring starts on the test's worker
+    ("GET", "/api/calibration/"): Op(),
+    ("POST", "/api/calibration/"): Op(body=lambda w: {"quick": "sideways"}, own=frozenset({400})),
     ("POST", "/api/plans/evaluate/"): Op(
         body=lambda w: {**_scenario(w), "strategy": w.facts["best"].strategy}
     ),

@@ -23,8 +23,10 @@ PROFILES_PATH = DATA_DIR / "hardware_profiles.json"
 
 
 def calibration_dir() -> Path:
-    """Where ``cann-train calibrate`` writes (``$CANN_TRAIN_VAR/calibration`` or ``<repo>/var/calibration``)."""
-    root = os.environ.get("CANN_TRAIN_VAR")
+    """Where ``cann-train calibrate`` writes: ``$CANN_TRAIN_VAR/calibration``, else the control plane's var
+    directory's (``$CANN_TRAIN_VAR_DIR/calibration``: the app's processes, which calibrate from the
+    planner page, read and write the same), else ``<repo>/var/calibration``."""
+    root = os.environ.get("CANN_TRAIN_VAR") or os.environ.get("CANN_TRAIN_VAR_DIR")
     if root:
         return Path(root) / "calibration"
     return Path(__file__).resolve().parents[2] / "var" / "calibration"
@@ -270,6 +272,12 @@ def _cpu_profile() -> tuple[dict[str, Any], str]:
         return _read_calibration(str(path), stat.st_mtime_ns, stat.st_size), str(path)
     except (OSError, ValueError):
         return load_profiles()["profiles"]["cpu"], CPU_DEFAULT_ORIGIN
+
+
+def cpu_profile() -> tuple[dict[str, Any], str]:
+    """The cpu profile plans for this machine use now, and where it comes from (a calibration file's path,
+    or ``CPU_DEFAULT_ORIGIN``): ``confidence`` is ``measured`` once ``cann-train calibrate`` ran."""
+    return _cpu_profile()
 
 
 def find_profile(device_name: str) -> tuple[str, dict[str, Any]]:

@@ -18,6 +18,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -333,19 +334,52 @@ def compute_scales(framework: dict[str, Any], profile: dict[str, Any], cluster: 
     return {"compute_scale": scale}
 
 
-def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool = True):
-    """Measure, write ``cpu.json`` and ``cluster-cpu.json``; return (profile, written paths)."""
+CALIBRATION_STAGES = (
+    ("gemm", "GEMM throughput by shape (fp32)", 0.35),
+    ("bf16", "a bf16 GEMM", 0.05),
+    ("memory", "memory bandwidth", 0.05),
+    ("allreduce", "gloo all-reduce between 2 processes", 0.15),
+    ("framework", "the runtime's own layers, DDP and tp 2 (2 processes)", 0.40),
+)
+"""The measurements in order, with what each is and its rough share of the time (the progress a caller is
+told: measured here, full run, 2 cores)."""
+
+
+def calibrate(
+    out_dir: str | None = None,
+    quick: bool = False,
+    allreduce: bool = True,
+    progress: Callable[[str, str, float], None] | None = None,
+):
+    """Measure, write ``cpu.json`` and ``cluster-cpu.json``; return (profile, written paths). ``progress(stage,
+    what, fraction done)`` is called before each of :data:`CALIBRATION_STAGES` and at the end ("done")."""
     import psutil
     import torch
+
+    done = 0.0
+
+    def stage(name: str) -> None:
+        nonlocal done
+        if progress is not None:
+            what, share = next((w, f) for n, w, f in CALIBRATION_STAGES if n == name)
+            progress(name, what, round(done, 3))
+            done += share
 
     repeat = 3 if quick else 7
     threads = max(1, (os.cpu_count() or 1) // PROCESSES)
     torch.set_num_threads(threads)
+    stage("gemm")
     gemm = measure_gemm(QUICK_SHAPES if quick else GEMM_SHAPES, repeat)
     peak, half = fit_gemm_curve(gemm)
+    stage("bf16")
     bf16 = measure_gemm([(512, 512, 512)] if quick else [(1024, 1024, 1024)], repeat, "bf16")[0]["tflops"]
+    stage("memory")
     mem_bw = measure_memory_bandwidth(repeat)
+    if allreduce:
+        stage("allreduce")
     link = measure_allreduce(repeat) if allreduce else None
+    if allreduce:
+        stage("framework")
     framework = measure_framework(10 if quick else 40) if allreduce else None
     memory_gib = psutil.virtual_memory().total / (1 << 30) / PROCESSES
     when = datetime.now(UTC).isoformat(timespec="seconds")
@@ -436,6 +470,8 @@ def calibrate(out_dir: str | None = None, quick: bool = False, allreduce: bool =
     paths = [out / "cpu.json", out / "cluster-cpu.json"]
     paths[0].write_text(json.dumps(profile, indent=1))
     paths[1].write_text(json.dumps(cluster, indent=1))
+    if progress is not None:
+        progress("done", "written", 1.0)
     return profile, [str(p) for p in paths]
 
 
