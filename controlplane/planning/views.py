@@ -2,8 +2,9 @@
 the model knowledge base (/models/: the list, a model's page, one form to create, edit or copy, delete).
 
 Views only gather and render: every read is a selector (``planning.selectors``), and what the visualizer
-draws arrives as one JSON object (``data``, rendered with ``json_script``). The search page refreshes
-that object from ``GET /api/searches/<id>/page-data/``, built by the same selector."""
+draws arrives as one JSON object (``data``, rendered with ``json_script``), except on the search page,
+whose HTML carries only its header's and which fetches the rest from ``GET /api/searches/<id>/page-data/``
+once it has painted (and again when the search ends)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def search_detail(request, pk: int):
     search = selectors.search_of(request.user, pk)
     if search is None:  # another team's search looks exactly like no search
         raise Http404("No such search among your teams' searches.")
-    return render(request, "planning/search_detail.html", {"data": selectors.search_page_data(search)})
+    # the header only: the views' data comes from page-data once the page has painted (issue 35)
+    return render(request, "planning/search_detail.html", {"data": selectors.search_page_header(search)})
 
 
 @login_required

@@ -1,7 +1,7 @@
 """How the search page follows a search, seen from the browser's network traffic: while its websocket is
-open it never polls the search API; with the socket down it polls, and stops once the search ended; at
-the end it asks ``/api/searches/<id>/page-data/`` for its data (never its own HTML again) and updates the
-state badge in place from that JSON."""
+open it never polls the search API; with the socket down it polls, and stops once the search ended; it asks
+``/api/searches/<id>/page-data/`` for its views' data once it has painted and again at the end (never its
+own HTML again), and updates the state badge in place from that JSON."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_with_the_socket_open_the_page_never_polls_and_ends_from_page_data(live_
     assert_badge_is(page, "succeeded")
     page.wait_for_selector("#search-progress[data-state='succeeded'][data-fraction='1']", timeout=15_000)
     wait_views(page, ["pareto", "memory", "steptime", "schedule", "placement", "diff"])
-    assert len(traffic.to(url["page_data"])) == 1
+    assert len(traffic.to(url["page_data"])) == 2  # once painted, and at the end
     assert traffic.while_open(url["poll"]) == []
     ended = time.monotonic()
     page.wait_for_timeout(1.5 * POLL_S * 1000)
@@ -122,11 +122,12 @@ def test_with_the_socket_open_the_page_never_polls_and_ends_from_page_data(live_
     assert traffic.to(url["page"], after=loaded) == [], "the page fetched its own HTML again"
     assert page.js_errors == []
 
-    # a finished search's page: nothing to follow, nothing fetched after it loaded
+    # a finished search's page: nothing to follow; its views' data fetched once, nothing else after it loaded
     traffic, loaded = open_search_page(page, live_stack.base_url, search.pk)
     wait_views(page, ["pareto", "memory", "steptime", "schedule", "placement", "diff"])
     page.wait_for_timeout(1.5 * POLL_S * 1000)
-    for path in url.values():
+    assert len(traffic.to(url["page_data"])) == 1
+    for path in (url["page"], url["poll"]):
         assert traffic.to(path, after=loaded) == [], path
     assert traffic.sockets == []
 
@@ -150,7 +151,7 @@ def test_with_the_socket_down_the_page_polls_until_the_search_ends(live_stack, p
     run_search(search)  # the next poll sees the end
     assert_badge_is(page, "succeeded")
     wait_views(page, ["pareto", "memory", "steptime", "schedule", "placement", "diff"])
-    assert len(traffic.to(url["page_data"])) == 1
+    assert len(traffic.to(url["page_data"])) == 2  # once painted, and at the end
     ended = time.monotonic()
     page.wait_for_timeout(1.5 * POLL_S * 1000)
     assert traffic.to(url["poll"], after=ended) == [], "the page polls after the search ended"

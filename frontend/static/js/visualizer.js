@@ -3,7 +3,8 @@
 //
 // Pages: initSearchPage() (planning/search_detail.html), initPlanPage() (plan_detail.html) and
 // initDiffPage() (plan_diff.html). Each reads the JSON the view embedded with json_script("viz-data"); the
-// search page fetches the same JSON again from GET /api/searches/<id>/page-data/ when the search ends.
+// search page's holds only its header (planning.selectors.search_page_header): it fetches the views' data
+// from GET /api/searches/<id>/page-data/ once it has painted, and again when the search ends.
 import { bindLaunchOptions, launchOptions, showLaunchErrors } from "./launch_options.js";
 import { LiveClient } from "./live.js";
 import {
@@ -123,8 +124,8 @@ function renderOutcome(data, hasPlan) {
   box.dataset.state = s.state;
 }
 
-export function initSearchPage() {
-  let data = readData();
+export async function initSearchPage() {
+  let data = readData();  // the header's data; the views' data follows
   const state = { selected: null, live: {} };
   const progress = document.getElementById("search-progress");
   const views = Object.fromEntries(["pareto", "memory", "steptime", "schedule", "placement", "diff", "whatif"]
@@ -416,6 +417,17 @@ export function initSearchPage() {
     state.live = {};  // the search ended: from here on the page data is the only source
     await renderResults();
   }
+
+  // The views' data (the candidates, plans and visuals: 1.8 MB for the seed search) after the first paint:
+  // the page shows its header and progress at once instead of after the whole document (issue 35).
+  renderProgress(progress, data.search, state.live);
+  const first = await getJSON(data.urls.page_data);
+  if (!first.ok || !first.body) {
+    progress.querySelector(".search-error").textContent =
+      `The search's results did not load: ${failureLines(first, "page data").join("; ")}. Reload the page.`;
+    return;
+  }
+  data = first.body;
 
   if (!terminal(data.search.state)) {
     // The websocket brings progress and the end; while it is not open (connecting, reconnecting, signed
