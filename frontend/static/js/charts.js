@@ -2,6 +2,24 @@
 // Plotly config). Plotly is the global that /static/plotly/plotly.min.js defines (served locally, never
 // a CDN). Number formats for axes and labels are common.js's.
 
+// plotly.js for a page that draws a chart only on demand (the green page's schedule): its template names
+// the bundle in <meta name="plotly-src"> instead of loading it with the page, and the first chart loads it
+// (1.4 MB of script to compile: most of a chart page's first load; issue 35).
+let plotlyLoading = null;
+export function loadPlotly() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  if (!plotlyLoading) {
+    plotlyLoading = new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = document.querySelector("meta[name=plotly-src]").content;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => { plotlyLoading = null; reject(new Error("plotly.js did not load")); };
+      document.head.append(script);
+    });
+  }
+  return plotlyLoading;
+}
+
 // Every chart's modebar carries "Download data as CSV" and "Download plot as PNG" (exportButtons below,
 // in place of Plotly's own PNG button, which names every file "newplot").
 export const PLOT_CONFIG = {

@@ -1,6 +1,6 @@
 // The green page (frontend/templates/green/index.html): a module of its own, as the Content-Security-Policy allows no inline script
 import { requestJSON, getJSON, postJSON, failureLines, showErrorLines, h, formatNumber, MISSING } from "./common.js";
-import { PLOT_CONFIG, chartLayout, COLORS } from "./charts.js";
+import { PLOT_CONFIG, chartLayout, COLORS, loadPlotly } from "./charts.js";
 
 const page = JSON.parse(document.getElementById("green-page").textContent);
 const form = document.getElementById("schedule-form");
@@ -55,7 +55,7 @@ function showResult(row) {
   if (row.intensity_window) chart(row);
 }
 
-function chart(row) {
+async function chart(row) {
   const r = row.result, w = row.intensity_window;
   // a step function: each value holds until the next time, the last one until the window's end
   const x = [...w.times, w.end], y = [...w.values, w.values[w.values.length - 1]];
@@ -71,8 +71,15 @@ function chart(row) {
     title: { text: `${r.intensity.provider} ${r.intensity.zone}: ${what}`, font: { size: 13 } },
     margin: { l: 56, r: 16, t: 40, b: 40 }, shapes, xaxis: { title: { text: "time (UTC)" }, type: "date" } });
   const trace = { type: "scatter", mode: "lines", line: { shape: "hv", color: COLORS[1] }, name: `intensity (${what})`, x, y };
+  const note = document.getElementById("result-chart-note");
+  try {
+    await loadPlotly();
+  } catch (err) {
+    note.textContent = `The chart could not be drawn: ${err.message}. Reload the page.`;
+    return;
+  }
   Plotly.react("schedule-chart", [trace], layout, PLOT_CONFIG);
-  document.getElementById("result-chart-note").textContent =
+  note.textContent =
     `Green bands: the chosen slot${r.slots.length > 1 ? "s" : ""}; dashed: starting now for the same ${formatNumber(r.duration_h, 2)} h`
     + (row.reservations.length ? "; grey: power already reserved by your team's schedules." : ".");
 }
