@@ -12,10 +12,16 @@ Event format (``shared/DESIGN.md``)::
 entry in one step), so it increases by one per event even with several producers, and a client that
 reconnects with the last ``seq`` it saw can be sent exactly what it missed.
 
-A Redis that restarts without its data starts every counter again at 1, so new events reuse numbers the
-database already holds. The relay notices (a stored event with the same number but another time) and
-renumbers them (:meth:`EventWriter.renumber`): each is appended again above every number already used and
-its old entry removed, in one atomic step, so nothing is dropped and nothing is delivered twice.
+A Redis that restarts without its data loses every counter. The control plane's producers append
+*guarded* (``guarded=True``; a job's ranks when launched with :data:`GUARD_ENV` set): an append to a stream
+whose counter is missing appends nothing and raises :class:`StreamNotReady`, and the producer keeps the event
+and retries. The relay restores the counters of the streams it forwards and of the active jobs and
+searches from the stored history and what it forwarded (:meth:`EventWriter.open_stream`), so numbering goes
+on after the highest number any subscriber has seen: no number is used twice, none is skipped. An unguarded
+producer (a standalone run, a script of the user's) starts again at 1 and reuses numbers the database
+holds; the relay notices (a stored event with the same number but another time) and renumbers those
+(:meth:`EventWriter.renumber`): each is appended again above every number already used and its old entry
+removed, in one atomic step, so nothing is dropped and nothing is delivered twice.
 """
 
 from __future__ import annotations
@@ -46,12 +52,26 @@ if KEYS[4] ~= '' then
   local done = redis.call('GET', KEYS[4])
   if done then return tonumber(done) end
 end
+if ARGV[4] == '1' and not redis.call('GET', KEYS[1]) then return -1 end
 local seq = redis.call('INCR', KEYS[1])
 local body = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], seq .. '-1', 'event', body)
 redis.call('SADD', KEYS[3], KEYS[2])
 if KEYS[4] ~= '' then redis.call('SET', KEYS[4], seq, 'EX', ARGV[3]) end
 return seq
+"""
+# ARGV[4] = "1": guarded (a missing counter: -1, nothing appended; GET, which a job's credential may run)
+GUARD_ENV = "CANN_TRAIN_EVENTS_GUARDED"
+"""Set to 1 in the environment of a job's ranks launched by the control plane: their appends are guarded."""
+
+# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = set of streams; ARGV[1] = floor. The counter is raised to
+# the floor (never lowered); returns the counter as it is now.
+_OPEN_LUA = """
+local floor = tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if current < floor then redis.call('SET', KEYS[1], floor) current = floor end
+redis.call('SADD', KEYS[3], KEYS[2])
+return current
 """
 TOKEN_PREFIX = "cann:published:"
 TOKEN_TTL_S = 3600  # a retry comes within seconds to minutes (a Redis restart); an hour is plenty
@@ -84,6 +104,11 @@ RENUMBER_FLOORS = "cann:renumber-floors"
 
 class EventError(ValueError):
     """An event that does not follow the contract."""
+
+
+class StreamNotReady(RuntimeError):
+    """A guarded append found the stream's counter missing (Redis came back without its data, or the stream
+    was never opened): nothing was appended; keep the event and retry once the relay has restored it."""
 
 
 def stream_key(stream: str) -> str:
@@ -135,6 +160,7 @@ class EventWriter:
         self._redis = redis_client
         self._append = redis_client.register_script(_APPEND_LUA)
         self._renumber = redis_client.register_script(_RENUMBER_LUA)
+        self._open = redis_client.register_script(_OPEN_LUA)
 
     @staticmethod
     def _keys(stream: str, token: str | None = None) -> list[str]:
@@ -147,26 +173,50 @@ class EventWriter:
         values: dict[str, Any],
         step: int | None = None,
         token: str | None = None,
+        guarded: bool = False,
     ) -> int:
         """Append one event; returns its ``seq``. ``token`` (unique per event, the same on a retry) makes
-        the append idempotent: a retry of an event Redis already holds returns its seq, appending nothing."""
+        the append idempotent: a retry of an event Redis already holds returns its seq, appending nothing.
+        ``guarded``: :class:`StreamNotReady` (nothing appended) when the stream's counter is missing."""
         body = build_event(stream, kind, step, values)
-        return int(self._append(keys=self._keys(stream, token), args=[body, MAX_LEN, TOKEN_TTL_S]))
+        seq = int(
+            self._append(
+                keys=self._keys(stream, token), args=[body, MAX_LEN, TOKEN_TTL_S, "1" if guarded else "0"]
+            )
+        )
+        if seq < 0:
+            raise StreamNotReady(f"{stream}: its counter is missing (Redis lost its data?); not appended")
+        return seq
 
     def publish_many(
         self,
         stream: str,
         events: list[tuple[str, int | None, dict[str, Any]] | tuple[str, int | None, dict, str]],
+        *,
+        guarded: bool = False,
     ) -> list[int]:
         """Append several ``(kind, step, values)`` or ``(kind, step, values, token)`` events in one round trip
         (not a transaction: a connection lost midway may leave some appended); returns their seqs. Retrying
-        a batch with the same tokens appends only the events Redis does not hold yet."""
+        a batch with the same tokens appends only the events Redis does not hold yet. ``guarded``:
+        :class:`StreamNotReady` when the counter was missing for any of them (retry the batch, with its
+        tokens: those appended are not appended again)."""
         pipe = self._redis.pipeline(transaction=False)
         for kind, step, values, *token in events:
             body = build_event(stream, kind, step, values)
             keys = self._keys(stream, token[0] if token else None)
-            self._append(keys=keys, args=[body, MAX_LEN, TOKEN_TTL_S], client=pipe)
-        return [int(s) for s in pipe.execute()]
+            self._append(keys=keys, args=[body, MAX_LEN, TOKEN_TTL_S, "1" if guarded else "0"], client=pipe)
+        seqs = [int(s) for s in pipe.execute()]
+        if any(s < 0 for s in seqs):
+            raise StreamNotReady(
+                f"{stream}: its counter is missing (Redis lost its data?); {sum(s < 0 for s in seqs)} of "
+                f"{len(seqs)} event(s) not appended"
+            )
+        return seqs
+
+    def open_stream(self, stream: str, floor: int) -> int:
+        """Give ``stream`` a counter of at least ``floor`` (the highest seq already used: the next event gets
+        ``floor + 1``), and list it among the streams; guarded appends may then go ahead. Returns the counter."""
+        return int(self._open(keys=[seq_key(stream), stream_key(stream), STREAMS_SET], args=[int(floor)]))
 
     def renumber(self, stream: str, entries: list[tuple[str, dict]], floor: int, *, group: str) -> list[int]:
         """Move ``entries`` (``(entry id, event)`` pairs read by consumer group ``group``) above ``floor``, the

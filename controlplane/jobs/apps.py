@@ -12,6 +12,7 @@ class JobsConfig(AppConfig):
         from controlplane.jobs.comparisons import reap_stalled_comparisons
         from controlplane.jobs.plan_launch import launch_form, scaled_down_launch
         from controlplane.jobs.selectors import (
+            active_job_streams,
             jobs_training_count,
             plan_measured_expert_load,
             plan_measured_runs,
@@ -42,6 +43,8 @@ class JobsConfig(AppConfig):
         # lost its data before the relay read them is an events-lost fault, not a silent gap
         housekeeping.every(10.0, audit_event_delivery)
         housekeeping.on_stored(job_progress_from_events)
+        # a job's stream keeps its numbering through a Redis that lost its data (the relay restores it)
+        housekeeping.active_streams(active_job_streams)
 
         # the knowledge base learns from the runs of its plans, and launches them with the options its page
         # offers (planning sits below jobs)

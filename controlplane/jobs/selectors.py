@@ -317,6 +317,12 @@ def source_plan_of(user, pk: int):
     return scoped(StoredPlan.objects.all(), user).filter(pk=pk).first()
 
 
+def active_job_streams() -> list[str]:
+    """The streams of jobs not ended, every team's (the relay keeps their counters through a Redis loss)."""
+    ids = TrainingJob.objects.exclude(state__in=TrainingJob.TERMINAL_STATES).values_list("pk", flat=True)
+    return [f"{TrainingJob.STREAM_KIND}/{pk}" for pk in ids]
+
+
 def jobs_training_count() -> int:
     """Jobs launching, training or recovering now, every team's (what a calibration of the machine waits for)."""
     return TrainingJob.objects.filter(

@@ -15,7 +15,9 @@ Protocol (JSON text frames)::
 
 Every stream is delivered in ``seq`` order without gaps or duplicates: on subscribe the consumer
 replays what the client missed (from Redis, and from the database for events Redis no longer holds),
-and a live event that arrives ahead of a gap triggers a backfill first.
+and a live event that arrives ahead of a gap triggers a backfill first. A Redis that comes back without
+its data has lost the channel layer's groups too: every ``REJOIN_S`` the consumer joins its streams' groups
+again and sends what the client missed meanwhile (from the database, and Redis for what it has not stored).
 
 A subscription with ``"batch": true`` gets the same events, in the same order, several to a frame: each
 batch the relay read is one frame (encoded once by the relay, forwarded as it is), and a replay comes in
@@ -25,6 +27,7 @@ keep up with tens of sockets (``bench/live_fanout.py``); the browser's ``live.js
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -36,7 +39,7 @@ from django.conf import settings
 from controlplane.accounts.selectors import teams_of
 from controlplane.live.feeds import FEEDS, feed_group
 from controlplane.live.selectors import stored_events
-from controlplane.live.streams import batch_frame, group_name, user_may_read
+from controlplane.live.streams import batch_frame, forwarded_key, group_name, user_may_read
 from workers.events import STREAM_NAME, parse_entries, since_range, stream_key
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ CLOSE_UNAUTHENTICATED = 4401
 MAX_SUBSCRIPTIONS = 50
 MAX_SEQ = 2**63 - 1  # Redis stream ids are 64-bit
 MAX_FRAME_EVENTS = 500  # events in one frame of a batched replay
+REJOIN_S = 5.0  # how often a socket joins its groups again and catches up (a Redis that lost its data)
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):
@@ -64,9 +68,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             socket_connect_timeout=settings.REDIS_TIMEOUT_S,
             socket_timeout=settings.REDIS_TIMEOUT_S,
         )
+        # one delivery at a time: a catch-up of the keeper and a live batch must not interleave their frames
+        self.sending = asyncio.Lock()
+        self.keeper = asyncio.create_task(self.keep_subscriptions())
         await self.accept()
 
     async def disconnect(self, code):
+        if getattr(self, "keeper", None) is not None:
+            self.keeper.cancel()
         for stream in list(getattr(self, "last_sent", {})):
             await self.channel_layer.group_discard(group_name(stream), self.channel_name)
         for group in list(getattr(self, "feed_groups", ())):
@@ -131,8 +140,27 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             self.batched.add(stream)
         else:
             self.batched.discard(stream)
-        await self.send_missed(stream, upto=None)
+        async with self.sending:
+            await self.send_missed(stream, upto=None)
         await self.send_json({"type": "subscribed", "stream": stream, "last_seq": self.last_sent[stream]})
+
+    async def keep_subscriptions(self):
+        """Every ``REJOIN_S``: join the subscribed streams' groups (and feeds) again -- a Redis that came back
+        without its data has none -- and send what the client missed meanwhile."""
+        while True:
+            await asyncio.sleep(REJOIN_S)
+            try:
+                for group in list(self.feed_groups):
+                    await self.channel_layer.group_add(group, self.channel_name)
+                for stream in list(self.last_sent):
+                    await self.channel_layer.group_add(group_name(stream), self.channel_name)
+                    async with self.sending:
+                        if stream in self.last_sent:
+                            await self.send_missed(stream, upto=None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: the next round tries again
+                log.info("live socket: rejoin skipped (%s)", exc)
 
     async def watch(self, feed, *, on: bool):
         """Join (or leave) the feed groups of every team of the user."""
@@ -153,13 +181,19 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         """Group message of a team feed: ``{"type": "feed.notice", "feed": "jobs", "notice": {...}}``."""
         await self.send_json({**message["notice"], "type": "notice", "feed": message["feed"]})
 
-    async def send_missed(self, stream: str, upto: int | None):
+    async def send_missed(self, stream: str, upto: int | None, forwarded: int = 0):
         """Send events after ``last_sent[stream]`` (up to and excluding ``upto``) from Redis, filling any
-        older gap from the database."""
+        older gap from the database. Nothing above what the relay has forwarded comes from Redis
+        (``streams.FORWARDED_PREFIX``): the relay forwards those itself, and an event it never read may be
+        lost with Redis and its number given to another. ``forwarded``: what the caller knows was forwarded
+        (a batch or high-water mark the relay sent)."""
         after = self.last_sent[stream]
-        max_id = f"({upto}-1" if upto is not None else "+"
-        events = parse_entries(
-            await self.redis.xrange(stream_key(stream), min=since_range(after), max=max_id)
+        forwarded = max(forwarded, int(await self.redis.get(forwarded_key(stream)) or 0))
+        cap = forwarded if upto is None else min(upto - 1, forwarded)
+        events = (
+            parse_entries(await self.redis.xrange(stream_key(stream), min=since_range(after), max=f"{cap}-1"))
+            if cap > after
+            else []
         )
         first_in_redis = events[0]["seq"] if events else upto
         if first_in_redis is None or first_in_redis > after + 1:
@@ -190,6 +224,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def live_events(self, message):
         """Group message from the relay: one batch of a stream (``streams.events_message``)."""
+        async with self.sending:
+            await self._live_events(message)
+
+    async def _live_events(self, message):
         stream = message["stream"]
         if stream not in self.last_sent or message["last_seq"] <= self.last_sent[stream]:
             return
@@ -209,7 +247,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             if event["seq"] > last + 1:  # a gap before it (the channel layer dropped a batch): fill it
                 await self.deliver(stream, run)
                 run = []
-                await self.send_missed(stream, upto=event["seq"])
+                await self.send_missed(stream, upto=event["seq"], forwarded=message["last_seq"])
             run.append(event)
         await self.deliver(stream, run)
 
@@ -218,8 +256,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         client got (the channel layer dropped the tail of a burst, and no later event came to show the
         gap), send what is missing from Redis / the database."""
         stream, seq = message["stream"], message["seq"]
-        if stream in self.last_sent and seq > self.last_sent[stream]:
-            await self.send_missed(stream, upto=seq + 1)
+        async with self.sending:
+            if stream in self.last_sent and seq > self.last_sent[stream]:
+                await self.send_missed(stream, upto=seq + 1, forwarded=seq)
 
     async def send_error(self, stream, code: str, message: str):
         await self.send_json({"type": "error", "stream": stream, "code": code, "message": message})

@@ -31,3 +31,14 @@ def on_stored(fn: Callable[[str, list[dict]], object]) -> None:
     """Tell ``fn`` about every batch of events the relay stores."""
     if fn not in ON_STORED:
         ON_STORED.append(fn)
+
+
+ACTIVE_STREAMS: list[Callable[[], object]] = []
+"""``fn() -> [stream, ...]``: the streams of objects still producing events (running jobs, searches): the
+relay restores their counters when Redis comes back without its data (``Relay.restore_counters``)."""
+
+
+def active_streams(fn: Callable[[], object]) -> None:
+    """Tell the relay which streams are live now (their counters must survive a Redis that lost its data)."""
+    if fn not in ACTIVE_STREAMS:
+        ACTIVE_STREAMS.append(fn)

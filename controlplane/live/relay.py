@@ -32,7 +32,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from controlplane.live.selectors import clashing_events, highest_stored_seq
 from controlplane.live.services import persist_events
-from controlplane.live.streams import events_message, group_name
+from controlplane.live.streams import FORWARDED_LUA, events_message, forwarded_key, group_name
 from workers.events import KINDS, STREAMS_SET, EventWriter, parse_time, renumber_floor, seq_key, stream_of_key
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,10 @@ CLAIM_IDLE_MS = 30_000
 # HWM_EVERY_S: a subscriber whose tail was dropped by the channel layer (over capacity) backfills from it
 HWM_EVERY_S = 1.0
 HWM_ACTIVE_S = 15.0
+# every RESTORE_EVERY_S the relay checks that the streams it forwards (and the apps' active ones) still have
+# their counters: a Redis that came back without its data has none, and guarded producers wait for them
+RESTORE_EVERY_S = 1.0
+FORWARDED_KEPT_S = 3600.0
 
 
 def _no_constant(name: str):
@@ -82,6 +86,7 @@ class Relay:
         store_ahead: int = 4,
         periodic=(),
         on_stored=(),
+        active_streams=(),
     ):
         self.redis = redis.Redis.from_url(
             redis_url or settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=5
@@ -105,7 +110,12 @@ class Relay:
         # async_to_sync would build a new loop (and new connections) for every batch
         self.loop = asyncio.new_event_loop()
         self.writer = EventWriter(self.redis)
+        self.mark_forwarded = self.redis.register_script(FORWARDED_LUA)
         self.high_water: dict[str, tuple[int, float]] = {}  # stream -> (last seq forwarded, when)
+        # stream -> (last seq forwarded, when), kept an hour: what a restored counter goes on from
+        self.forwarded: dict[str, tuple[int, float]] = {}
+        self.active_streams = list(active_streams)
+        self.last_restore = 0.0
         self.last_hwm = 0.0
         self.stop = threading.Event()
         self.last_claim = 0.0
@@ -164,8 +174,10 @@ class Relay:
                 # forwarded first, then stored: subscribers do not wait for the database write (the
                 # relay's biggest cost per event); one that resumes gets these from Redis, and a relay that
                 # dies before storing them re-reads them unacknowledged (subscribers drop the repeats)
+                # marked first: a socket that fills a gap before this batch reaches it reads these from Redis
+                self.mark_forwarded(keys=[forwarded_key(stream)], args=[events[-1]["seq"]])
                 self.send(group_name(stream), events_message(stream, events, encoded=joined.decode()))
-                self.high_water[stream] = (events[-1]["seq"], time.monotonic())
+                self.high_water[stream] = self.forwarded[stream] = (events[-1]["seq"], time.monotonic())
                 batch = StoreBatch(key, stream, [entry_id for entry_id, _ in kept], events)
                 if self.store_thread is None:
                     self.store([batch])
@@ -312,6 +324,47 @@ class Relay:
                 continue
             self.send(group_name(stream), {"type": "live.hwm", "stream": stream, "seq": seq})
 
+    def restore_counters(self) -> list[str]:
+        """Give back their counters to the streams that lost them (Redis came back without its data): those
+        this relay forwarded within the hour and the apps' active ones (``housekeeping.active_streams``),
+        each numbered on from the highest seq stored or forwarded -- what a subscriber may have seen. Guarded
+        producers wait for this (``workers.events``); returns the streams restored."""
+        now = time.monotonic()
+        if now - self.last_restore < RESTORE_EVERY_S:
+            return []
+        self.last_restore = now
+        for stream, (_seq, at) in list(self.forwarded.items()):
+            if now - at > FORWARDED_KEPT_S:
+                del self.forwarded[stream]
+        candidates = set(self.forwarded)
+        for fn in self.active_streams:
+            try:
+                candidates.update(fn())
+            except Exception:  # noqa: BLE001 - an app's listing must not stop the relay
+                log.exception("relay: active streams of %s failed", getattr(fn, "__name__", fn))
+        if not candidates:
+            return []
+        ordered = sorted(candidates)
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in ordered:
+            pipe.exists(seq_key(stream))
+        missing = [stream for stream, present in zip(ordered, pipe.execute(), strict=True) if not present]
+        restored = []
+        if missing:
+            self.wait_stored()  # what was forwarded is stored: the database's highest counts it
+        for stream in missing:
+            floor = max(highest_stored_seq(stream), self.forwarded.get(stream, (0, 0.0))[0])
+            if floor == 0:
+                continue  # nothing of it yet: its first event opens it (controlplane.live.services.publish)
+            self.writer.open_stream(stream, floor)
+            restored.append(stream)
+            log.warning(
+                "relay: %s had no counter (Redis came back without its data): numbering goes on after %d",
+                stream,
+                floor,
+            )
+        return restored
+
     def restarted_counter_floor(self, stream: str, events: list[dict]) -> int:
         """The highest seq already used for ``stream`` when some of ``events`` reuse stored numbers (Redis
         lost its counter); else the floor found before (0 when none): events at or below it are renumbered."""
@@ -394,6 +447,7 @@ class Relay:
                 try:
                     self.step()
                     self.send_high_water_marks()
+                    self.restore_counters()
                     self.run_periodic()
                     backoff = 0.5
                 except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from controlplane.common.redis import redis_client
 from controlplane.live.models import PendingEvent, PendingTask, StreamEvent
-from workers.events import EventWriter, parse_time
+from controlplane.live.selectors import highest_stored_seq
+from workers.events import EventWriter, StreamNotReady, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,20 @@ def event_writer() -> EventWriter:
 
 def publish(stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> int:
     """Append an event to a stream; the relay forwards it to subscribers. Call it after the commit that
-    the event describes (``transaction.on_commit``)."""
-    return event_writer().publish(stream, kind, values, step=step)
+    the event describes (``transaction.on_commit``). Guarded (``workers.events``): a stream with no counter
+    is opened here when it is new (nothing of it stored or waiting), else :class:`StreamNotReady` -- Redis
+    lost its data, and the relay, which knows the highest number subscribers have seen, restores it."""
+    writer = event_writer()
+    try:
+        return writer.publish(stream, kind, values, step=step, guarded=True)
+    except StreamNotReady:
+        if (
+            StreamEvent.objects.filter(stream=stream).exists()
+            or PendingEvent.objects.filter(stream=stream).exists()
+        ):
+            raise
+        writer.open_stream(stream, 0)
+        return writer.publish(stream, kind, values, step=step, guarded=True)
 
 
 def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> None:
@@ -40,7 +53,7 @@ def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: i
     def send() -> None:
         try:
             publish(stream, kind, values, step=step)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, StreamNotReady) as exc:
             PendingEvent.objects.create(stream=stream, kind=kind, step=step, values=values)
             log.warning("Redis unavailable (%s): %s event on %s kept for the relay", exc, kind, stream)
         except redis.ResponseError as exc:
@@ -55,6 +68,8 @@ def publish_after_commit(stream: str, kind: str, values: dict[str, Any], step: i
 BROKER_ERRORS = (kombu.exceptions.OperationalError, redis.ConnectionError, redis.TimeoutError)
 """What sending a task raises while the broker (Redis) is away."""
 
+STREAM_RESTORE_GRACE = timedelta(seconds=10)
+"""An event kept because its stream had no counter waits this long for the relay to restore it."""
 PENDING_TASK_GRACE_S = 10.0
 """A pending task younger than this is left to the request that wrote it (it sends it right after its commit):
 the relay sends only what that send did not."""
@@ -119,9 +134,19 @@ def send_pending_tasks(*, limit: int = 200) -> int:
 def publish_pending_events(*, limit: int = 500) -> int:
     """Publish the events kept while Redis was away, oldest first (the relay calls this every few
     seconds); each row is removed once its event is in Redis. Returns how many were published."""
-    sent = 0
+    sent, waiting = 0, set()
     for row in PendingEvent.objects.all()[:limit]:
-        publish(row.stream, row.kind, row.values, step=row.step)
+        if row.stream in waiting:
+            continue  # in order: none of a stream's later events before its earlier one
+        try:
+            publish(row.stream, row.kind, row.values, step=row.step)
+        except StreamNotReady:
+            if timezone.now() - row.created_at < STREAM_RESTORE_GRACE:
+                waiting.add(row.stream)  # the relay restores the counters of the streams it forwards
+                continue
+            # a stream no relay restored in that time is no stream it forwards: numbered on from its history
+            event_writer().open_stream(row.stream, highest_stored_seq(row.stream))
+            publish(row.stream, row.kind, row.values, step=row.step)
         PendingEvent.objects.filter(pk=row.pk).delete()
         sent += 1
     return sent

@@ -12,6 +12,24 @@ from workers.events import STREAM_NAME
 STREAM_OWNERS = {"job": "jobs.TrainingJob", "search": "planning.StrategySearch"}
 
 
+FORWARDED_PREFIX = "cann:forwarded:"
+"""``cann:forwarded:<stream>``: the highest seq the relay has forwarded to subscribers. A socket serves from
+Redis nothing above it (the relay forwards the rest in a moment): an event a Redis that died held but the
+relay never read is then seen by no one, and the relay, which restores a lost counter from what it
+forwarded (``Relay.restore_counters``), never gives its number to another event a subscriber saw."""
+
+# KEYS[1] = the forwarded key; ARGV[1] = seq: raised, never lowered (two relays may share a stream)
+FORWARDED_LUA = """
+local seq = tonumber(ARGV[1])
+if tonumber(redis.call('GET', KEYS[1]) or '0') < seq then redis.call('SET', KEYS[1], seq) end
+return 1
+"""
+
+
+def forwarded_key(stream: str) -> str:
+    return FORWARDED_PREFIX + stream
+
+
 def group_name(stream: str) -> str:
     """Channels group of a stream (group names allow only [a-zA-Z0-9-_.])."""
     return "stream." + stream.replace("/", ".")

@@ -30,6 +30,16 @@ async def recv_events(ws, n, timeout=20.0, frames=None):
     return events
 
 
+async def until_forwarded(writer, stream: str, seq: int, timeout: float = 20.0) -> None:
+    from controlplane.live.streams import forwarded_key
+
+    for _ in range(int(timeout / 0.05)):
+        if int(await sync_to_async(writer._redis.get)(forwarded_key(stream)) or 0) >= seq:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the relay did not forward {stream} up to {seq} within {timeout:.0f} s")
+
+
 def connect(stack, token):
     return websockets.connect(stack.ws_url, additional_headers={"Authorization": f"Token {token}"})
 
@@ -236,6 +246,8 @@ async def test_a_batched_subscription_gets_every_event_once_in_order_several_to_
     job, token = job_of_alice
     writer = EventWriter(redis.Redis.from_url(live_stack.redis_url))
     writer.publish_many(job.stream, [("train", n, {"loss": 1.0 / n}) for n in range(1, 41)])
+    # a socket replays from Redis only what the relay has forwarded (the rest it forwards itself)
+    await until_forwarded(writer, job.stream, 40)
     frames: list[int] = []
     async with connect(live_stack, token) as ws:
         await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "batch": "yes"}))

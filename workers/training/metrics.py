@@ -69,12 +69,15 @@ class EventPublisher:
     def __init__(self, redis_url: str, job_id: str):
         import redis
 
-        from workers.events import EventWriter
+        from workers.events import GUARD_ENV, EventWriter
 
         self.stream = f"job/{job_id}"
         # the control-plane request that launched the run (controlplane.common.logs): lifecycle events say it
         self.request_id = os.environ.get("CANN_TRAIN_REQUEST_ID") or None
         self._writer = EventWriter(redis.Redis.from_url(redis_url))
+        # launched by the control plane: appends wait for the stream's counter (a Redis that lost its data
+        # gets it back from the relay) instead of numbering from 1 again (workers.events)
+        self.guarded = os.environ.get(GUARD_ENV) == "1"
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)
         self.submit_seconds = 0.0
@@ -115,7 +118,7 @@ class EventPublisher:
             closing = closing or item is None
             if pending:
                 try:
-                    self._writer.publish_many(self.stream, pending)
+                    self._writer.publish_many(self.stream, pending, guarded=self.guarded)
                     self.published += len(pending)
                     pending, backoff = [], 0.2
                 except Exception as exc:  # Redis down: training goes on, the events wait here and are retried

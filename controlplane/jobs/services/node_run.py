@@ -27,6 +27,7 @@ from controlplane.jobs.services.recovery import resume_after_worker_lost
 from controlplane.jobs.services.watches import elastic_watch_for, risk_watch_for
 from controlplane.live import credentials
 from controlplane.live.services import publish
+from workers.events import GUARD_ENV
 from workers.training.entrypoint import is_user_run
 from workers.training.supervision import supervisor
 
@@ -290,6 +291,8 @@ def supervised(job, node, attempt: int, node_rank: int, workdir, cmd, watch, con
                 **own_env,
                 **(watch.env if watch is not None else {}),
                 **logs.runtime_env(),
+                # the ranks' appends wait for their stream's counter after a Redis that lost its data
+                GUARD_ENV: "1",
             },
             on_poll=poll if watch is not None else None,
             on_start=lambda pid: until_the_database_answers(

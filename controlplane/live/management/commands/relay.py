@@ -13,7 +13,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         # the apps' periodic jobs and hooks (each registers its own in AppConfig.ready: live/housekeeping.py)
-        relay = Relay(periodic=list(housekeeping.PERIODIC), on_stored=list(housekeeping.ON_STORED))
+        relay = Relay(
+            periodic=list(housekeeping.PERIODIC),
+            on_stored=list(housekeeping.ON_STORED),
+            active_streams=list(housekeeping.ACTIVE_STREAMS),
+        )
         # stopped (SIGTERM): finish the round, then store and acknowledge what the store thread holds
         signal.signal(signal.SIGTERM, lambda *_: relay.stop.set())
         try:
