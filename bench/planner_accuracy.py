@@ -117,6 +117,39 @@ def measured_here(steps: int) -> bool:
 
 
 VALIDATION_RUNS = DATA / "validation_runs.json"
+TARGET_DEFAULTS = 12.0  # percent, each set's MAPE with nothing but model, cluster, batch and layout given
+PUBLISHED_SETTINGS = ("framework", "flash_attention", "overlap_grad_reduce")
+
+
+def at_defaults(doc: dict) -> ReferenceRun:
+    """A published run as a user would enter it: its training settings (framework, flash attention,
+    overlapped reduction) left out, so the planner's defaults (specs.training.FRAMEWORK_DEFAULTS) apply."""
+    training = {k: v for k, v in doc["training"].items() if k not in PUBLISHED_SETTINGS}
+    return ReferenceRun.from_dict({**doc, "training": training})
+
+
+def defaults_section(docs: list[dict], label: str) -> bool:
+    """Predict each run at default settings and print the errors beside those with its published settings;
+    True when the MAPE at defaults is within ``TARGET_DEFAULTS``."""
+    print(f"{label} at default settings (only model, cluster, global batch and layout given):")
+    given, default = [], []
+    for doc in docs:
+        for runs, run in ((given, ReferenceRun.from_dict(doc)), (default, at_defaults(doc))):
+            best = predict_run(run, run_efficiency(run))
+            runs.append(np.inf if best is None else best.step_time_s / run.measured_step_s - 1.0)
+    rows = [
+        f"{d['id']} {'nothing fits' if np.isinf(e) else f'{e * 100:+.1f}%'}"
+        for d, e in zip(docs, default, strict=True)
+    ]
+    for i in range(0, len(rows), 3):
+        print("  " + ";  ".join(rows[i : i + 3]))
+    e = np.asarray(default)
+    ok = bool(np.isfinite(e).any()) and float(np.mean(np.abs(e[np.isfinite(e)])) * 100) <= TARGET_DEFAULTS
+    print(
+        f"  MAPE at defaults {_mape(default)} (published settings {_mape(given)})  target <= "
+        f"{TARGET_DEFAULTS:.0f}%: {'PASS' if ok else 'FAIL'}"
+    )
+    return ok
 
 
 def _layout(s) -> str:
@@ -210,6 +243,8 @@ def validation(tuning: list[ReferenceRun], path: Path) -> bool:
             groups.setdefault(key(run), []).append(e)
         print(f"  by {label}: " + "; ".join(f"{k} {_mape(v)} ({len(v)})" for k, v in sorted(groups.items())))
 
+    print()
+    ok &= defaults_section(docs, f"validation: the {len(docs)} unseen runs")
     zero3_models(runs, frameworks)
 
     everything = tuning + runs
@@ -235,6 +270,82 @@ def validation(tuning: list[ReferenceRun], path: Path) -> bool:
     return ok
 
 
+# Held out of every data file and fit (tests/unit/test_validation_runs.py HELD_OUT): the Llama 3 405B runs of
+# Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4 (8,192 and 16,384 H100s, TFLOPs/GPU quoted), on the
+# topology of §3.3.1: 16 GPUs per ToR (2 servers), 192 racks per pod of 3,072 GPUs at full bisection, pods
+# joined by aggregation switches at 1:7; parallelism order [TP, CP, PP, DP] (§3.3.2), DP outermost.
+# Printed with --large as a check of how cross-pod traffic is charged, never fitted on.
+LLAMA3_405B = {
+    "name": "llama3-405b",
+    "num_layers": 126,
+    "hidden_size": 16384,
+    "num_attention_heads": 128,
+    "num_kv_heads": 8,
+    "ffn_hidden_size": 53248,
+    "vocab_size": 128256,
+    "seq_length": 8192,
+    "activation": "swiglu",
+}
+LLAMA3_ROWS = ((8192, 64, 430.0), (16384, 128, 400.0))  # GPUs, DP (TP 8, PP 16, CP 1), TFLOPs/GPU
+
+
+def large_runs() -> None:
+    """The held-out Llama 3 405B rows above at default settings, with and without the pods' 1:7 uplinks."""
+    from workers.planner import ClusterSpec, ModelSpec, Strategy, TrainingConfig, search
+
+    print(
+        "held out, never fitted: Llama 3 405B (Dubey et al. 2024 Table 4, topology §3.3.1), default settings"
+    )
+    model = ModelSpec.from_dict(LLAMA3_405B)
+    for gpus, dp, tflops in LLAMA3_ROWS:
+        for aggregation in (7.0, 1.0):
+            cluster = ClusterSpec.from_dict(
+                {
+                    "name": f"llama3-roce-{gpus}",
+                    "num_nodes": gpus // 8,
+                    "devices_per_node": 8,
+                    "device": {
+                        "name": "H100-SXM5-80GB",
+                        "peak_tflops": {"bf16": 989.4},
+                        "memory_GiB": 80,
+                        "memory_bandwidth_GBps": 3350,
+                    },
+                    "intra_node": {"kind": "nvswitch", "bandwidth_GBps": 450, "latency_us": 3},
+                    "inter_node": {"kind": "roce-400g", "bandwidth_GBps": 50, "latency_us": 5},
+                    "tiers": [
+                        {"name": "rack", "nodes": 2, "oversubscription": 1.0},
+                        {"name": "pod", "nodes": 384, "oversubscription": aggregation},
+                        {"name": "aggregation", "nodes": gpus // 8, "oversubscription": 1.0},
+                    ],
+                }
+            )
+            fixed = Strategy.from_dict(
+                {
+                    "tp": 8,
+                    "pp": 16,
+                    "dp": dp,
+                    "cp": 1,
+                    "ep": 1,
+                    "sequence_parallel": True,
+                    "order": "tp-cp-ep-pp-dp",
+                }
+            )
+            best = search(
+                model, cluster, TrainingConfig(global_batch_size=2048), fixed, top_k=1, scaling=False
+            ).best
+            if best is None:
+                print(f"  {gpus:6d} GPUs, pods 1:{aggregation:g}: nothing fits")
+                continue
+            p = best.predicted
+            err = tflops / p["model_tflops_per_device"] - 1.0  # step-time error, same FLOP count both sides
+            print(
+                f"  {gpus:6d} GPUs dp{dp:<4d} pods joined 1:{aggregation:g}: {p['model_tflops_per_device']:6.1f} TFLOP/s/GPU"
+                f" predicted vs {tflops:.0f} -> step {err * 100:+5.1f}%;  step {p['step_time_s']:.2f} s = bubble"
+                f" {p['bubble_s']:.2f} + DP exposed {p['dp_exposed_s']:.2f} + ... (vpp {best.strategy.vpp},"
+                f" mbs {best.strategy.micro_batch_size}, recompute {best.strategy.recompute})"
+            )
+
+
 def _fmt_eff(eff) -> str:
     return ", ".join(f"{n}={getattr(eff, n):.3f}" for n in FIT_BOUNDS)
 
@@ -252,8 +363,12 @@ def main() -> int:
         "--no-validation", action="store_true", help="skip the gathered runs and the leave-one-out splits"
     )
     parser.add_argument("--validation-runs", default=str(VALIDATION_RUNS))
+    parser.add_argument(
+        "--large", action="store_true", help="also the held-out Llama 3 405B runs on 8K/16K GPUs (a check)"
+    )
     args = parser.parse_args()
-    runs = [ReferenceRun.from_dict(d) for d in json.loads(Path(args.runs).read_text())["runs"]]
+    run_docs = json.loads(Path(args.runs).read_text())["runs"]
+    runs = [ReferenceRun.from_dict(d) for d in run_docs]
     devices = {r.cluster.device.name for r in runs}
     if len(devices) != 1:
         print(f"note: runs span several devices {sorted(devices)}; each uses its own profile")
@@ -287,6 +402,9 @@ def main() -> int:
         f"{np.max(np.abs(errs)) * 100:.1f}%  target <= {TARGET_MAPE:.0f}%: {'PASS' if mape <= TARGET_MAPE else 'FAIL'}"
         f"  ({time.perf_counter() - t0:.1f} s)"
     )
+
+    print()
+    defaults_ok = defaults_section(run_docs, f"tuning: the {len(runs)} reference runs")
 
     # generalisation: constants fitted on one paper predict the other
     groups = {
@@ -322,11 +440,14 @@ def main() -> int:
     if not args.no_validation and Path(args.validation_runs).exists():
         print()
         validation_ok = validation(runs, Path(args.validation_runs))
+    if args.large:
+        print()
+        large_runs()
     here_ok = True
     if args.here:
         print()
         here_ok = measured_here(args.steps)
-    return 0 if mape <= TARGET_MAPE and here_ok and validation_ok else 1
+    return 0 if mape <= TARGET_MAPE and defaults_ok and here_ok and validation_ok else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@ A100_NODE = a100_cluster(8, 8, tiers=(("leaf", 4), ("spine", 8)), oversubscripti
 
 def cost_model(model=GPT3, cluster=A100_NODE, gbs=64):
     m, c = ModelSpec.from_dict(model), ClusterSpec.from_dict(cluster)
-    t = TrainingConfig.from_dict({"global_batch_size": gbs, "dtype": "bf16"})
+    # the paper's layout: attention scores stored, gradients reduced after the backward (Korthikanti et al.)
+    t = TrainingConfig.from_dict(
+        {"global_batch_size": gbs, "dtype": "bf16", "flash_attention": False, "overlap_grad_reduce": False}
+    )
     return CostModel(m, c, t, efficiency_for(c.device.name)[1])
 
 
@@ -96,10 +99,15 @@ def test_ring_all_reduce_time_inside_a_node():
 
 
 def test_oversubscribed_tier_slows_groups_that_cross_it():
-    cm = cost_model()
+    cm = cost_model()  # 8 nodes of 8, 4 nodes under a 2:1 leaf
     inside_leaf = group_links(cm.cluster, cm.eff, np.array([4]), np.array([8]))  # 4 nodes under one leaf
-    across = group_links(cm.cluster, cm.eff, np.array([8]), np.array([8]))  # 8 nodes: crosses the spine
+    # one member per leaf: every edge of the ring leaves its leaf, and every rank of a leaf runs such a ring
+    across = group_links(cm.cluster, cm.eff, np.array([2]), np.array([32]))
     assert float(across.bw_inter[0]) == pytest.approx(float(inside_leaf.bw_inter[0]) / 2.0)
+    # 8 nodes, 4 under each leaf: the ring leaves each leaf on 1 of its 4 node edges there, a quarter of
+    # what the nodes send, within the leaf's half-rate uplinks: not slowed
+    wide = group_links(cm.cluster, cm.eff, np.array([8]), np.array([8]))
+    assert float(wide.bw_inter[0]) == pytest.approx(float(inside_leaf.bw_inter[0]))
 
 
 def test_bubble_is_p_minus_1_over_v_m_of_the_ideal_time():

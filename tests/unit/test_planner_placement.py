@@ -101,9 +101,43 @@ def test_on_a_single_switch_cluster_nothing_crosses(moe, tiers):
 def test_a_ring_past_an_oversubscribed_leaf_gets_its_share_of_the_uplinks():
     cluster = ClusterSpec.from_dict(a100_cluster(8, tiers=(("leaf", 2), ("spine", 8)), oversubscription=4.0))
     _name, eff = efficiency_for(cluster.device.name)
-    inside, across = group_links(cluster, eff, np.array([16, 32]), np.array([1, 1])).bw_inter
+    inside, across, apart = group_links(cluster, eff, np.array([16, 32, 4]), np.array([1, 1, 16])).bw_inter
     assert inside == pytest.approx(25e9 * eff.collective_efficiency_inter)
-    assert across == pytest.approx(inside / 4.0)
+    # 4 nodes over 2 leaves (4:1): the ring's 8 channels leave each leaf on 1 of its 2 node edges there,
+    # half of what the leaf's nodes send, through uplinks of a quarter: half the NIC rate
+    assert across == pytest.approx(inside / 2.0)
+    # one member per leaf: all of it leaves, at a quarter
+    assert apart == pytest.approx(inside / 4.0)
+
+
+def test_uplink_share_of_rings_all_to_alls_and_pipelines():
+    from workers.planner.costmodel.placement import uplink_share
+
+    # 16 nodes of 8, 4 nodes per switch; groups of 16 ranks one per node (stride 8): 4 under each switch
+    cluster = ClusterSpec.from_dict(a100_cluster(16, tiers=(("leaf", 4), ("spine", 16))))
+    size, stride, per_node = np.array([16]), np.array([8]), np.array([1])
+    # a ring over 16 nodes leaves each of its 4 switches once: 4 of its 16 node edges
+    assert uplink_share(cluster, size, stride, per_node, 4, "ring")[0] == pytest.approx(4 / 16)
+    # an all-to-all sends 12 of its 15 off-node shares to other switches
+    assert uplink_share(cluster, size, stride, per_node, 4, "all_to_all")[0] == pytest.approx(12 / 15)
+    # a pipeline of 16 stages crosses 3 of its 15 stage boundaries
+    assert uplink_share(cluster, size, stride, per_node, 4, "p2p")[0] == pytest.approx(3 / 15)
+    assert uplink_share(cluster, size, stride, per_node, 16, "ring")[0] == 0.0  # all under one switch
+
+
+def test_data_parallel_rings_of_many_members_per_pod_are_not_slowed_by_an_oversubscribed_aggregation():
+    # Llama 3's RoCE cluster (Dubey et al. 2024 §3.3.1): pods of 3,072 GPUs (384 nodes) at full bisection,
+    # joined 1:7; 405B on 16,384 GPUs with tp 8 x pp 16 inside and dp 128 outermost: each dp ring has 24
+    # members per pod and leaves it once, 1/24 of what its nodes send, well within the pod's 1/7 uplinks
+    cluster = ClusterSpec.from_dict(
+        a100_cluster(2048, tiers=(("pod", 384), ("aggregation", 2048)), oversubscription=7.0)
+    )
+    _name, eff = efficiency_for(cluster.device.name)
+    dp = group_links(cluster, eff, np.array([128]), np.array([128]))
+    assert float(dp.oversubscription_factor[0]) == 1.0
+    # the same ring with one member per pod would share the uplinks with every rank of the pod
+    sparse = group_links(cluster, eff, np.array([5]), np.array([3072]))
+    assert float(sparse.oversubscription_factor[0]) == pytest.approx(7.0)
 
 
 def test_cross_tier_fraction_of_rings_all_to_alls_and_pipelines():

@@ -314,15 +314,11 @@ def placement_map(
     levels.append(f"beyond {cluster.tiers[-1].name}" if cluster.tiers else "inter-node")
     links: dict[str, Any] = {}
     for kind, (size, stride) in size_stride.items():
-        gl = group_links(cluster, eff, np.array([size]), np.array([stride]))
+        pattern = {"ep": "all_to_all", "pp": "p2p"}.get(kind, "ring")  # as CostModel.links
+        gl = group_links(cluster, eff, np.array([size]), np.array([stride]), pattern=pattern)
         inter = bool(gl.inter[0])
         span_nodes = float(np.ceil(size * stride / dpn))
-        factor = 1.0
-        taper = 1.0
-        for tier in cluster.tiers:  # the same taper as group_links
-            if span_nodes > tier.nodes:
-                factor = taper * tier.oversubscription
-            taper *= tier.oversubscription
+        factor = float(np.ravel(gl.oversubscription_factor)[0])  # the uplinks' share (group_links)
         reached = _reached_tier(cluster, node, groups[kind])
         by_tier: dict[str, int] = {}
         for name in reached:

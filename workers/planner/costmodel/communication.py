@@ -60,9 +60,9 @@ class CommunicationCosts:
             "dp": group_links(
                 self.cluster, eff, block, gradient_group_stride(L, strides, self.order), dp_node
             ),
-            "ep": group_links(self.cluster, eff, ep, strides["ep"], ep_node),
+            "ep": group_links(self.cluster, eff, ep, strides["ep"], ep_node, pattern="all_to_all"),
             "edp": group_links(self.cluster, eff, block // ep, strides["edp"], edp_node),
-            "pp": group_links(self.cluster, eff, L.pp, strides["pp"]),
+            "pp": group_links(self.cluster, eff, L.pp, strides["pp"], pattern="p2p"),
         }
 
     def cross_switch_bytes(self, L: Layouts, tm: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -193,8 +193,9 @@ class CommunicationCosts:
         z = L.zero
         # overlap window: the backward of the last micro-batch for gradient reduction, the forward of the
         # first micro-batch for the parameter all-gather (Megatron-Core overlap_grad_reduce/param_gather);
-        # none without overlap_grad_reduce (Megatron-LM default: reduce after the last backward)
-        if not self.training.overlap_grad_reduce:
+        # none without overlap_grad_reduce (the framework's default when unset: specs.FRAMEWORK_DEFAULTS;
+        # Megatron-Core's is to reduce after the last backward)
+        if not self.training.setting("overlap_grad_reduce"):
             bwd_micro = fwd_micro = 0.0 * bwd_micro
         dp_total = np.where(z == 0, ar, np.where(z == 1, rs + ag, micro * rs + ag))
         exposed0 = np.maximum(0.0, ar - bwd_micro)

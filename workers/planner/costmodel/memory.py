@@ -115,7 +115,7 @@ class MemoryCosts:
         # MLP: activation input and output, 16sbh for gelu with f = 4h (eq. 1); gated: two inputs + output
         mlp_split = (6.0 if self.mats == 3 else 4.0) * T * f
         # attention core 5as^2b: softmax 2, dropout mask 1, dropout output 2 (eq. 1); CP keeps s/cp queries
-        core = 0.0 if self.training.flash_attention else 5.0 * a * s_loc * s * L.mbs
+        core = 0.0 if self.training.setting("flash_attention") else 5.0 * a * s_loc * s * L.mbs
         out = {
             "replicated": replicated * scale,
             "dense_split": (attn_split + mlp_split) * scale,

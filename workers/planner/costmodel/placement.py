@@ -24,6 +24,7 @@ class GroupLinks:
     bw_inter: np.ndarray  # achieved bytes/s per device across nodes, after oversubscription
     lat_intra: float
     lat_inter: float
+    oversubscription_factor: np.ndarray | float = 1.0  # inter-node bandwidth divided by it (the uplinks)
 
 
 def cp_dp_block(layouts: Layouts, stride: dict[str, np.ndarray], order: str):
@@ -132,11 +133,46 @@ def block_per_node(n: int, c_in, s_in, c_out, s_out) -> np.ndarray:
     return np.minimum(inner * outer, c_in * c_out)
 
 
+def uplink_share(
+    cluster: ClusterSpec, size, stride, per_node, tier_nodes: int, pattern: str = "ring"
+) -> np.ndarray:
+    """Share of a group's inter-node traffic that leaves a switch holding ``tier_nodes`` nodes, when every
+    rank under the switch runs such a group (its members ordered by rank, groups aligned to switches): what
+    the switch's uplinks must carry, as a fraction of what its nodes' NICs send.
+
+    ``ring``: a ring crosses the switch on one of the edges between its consecutive nodes under it (``k``
+    switches of its ``size / per_node`` node edges); ``all_to_all``: ``(size - m) / (size - per_node)`` of
+    the off-node shares go to other switches (``m`` members under one); ``p2p`` (pipeline sends): ``k - 1``
+    of the ``nodes - 1`` boundaries between stages on different nodes."""
+    domain = cluster.devices_per_node * tier_nodes  # ranks under one switch
+    size = np.asarray(size, dtype=np.int64)
+    stride = np.maximum(np.asarray(stride, dtype=np.int64), 1)
+    per_node = np.maximum(np.asarray(per_node, dtype=np.int64), 1)
+    members = np.where(size * stride <= domain, size, np.maximum(1, domain // stride))
+    members = np.minimum(members, size)
+    switches = np.ceil(size / members)
+    nodes = np.maximum(np.ceil(size / per_node), 1.0)
+    g = size.astype(np.float64)
+    if pattern == "ring":
+        share = switches / nodes
+    elif pattern == "all_to_all":
+        share = (g - members) / np.maximum(g - per_node, 1.0)
+    else:
+        share = (switches - 1) / np.maximum(nodes - 1, 1.0)
+    return np.where(switches > 1, np.minimum(share, 1.0), 0.0)
+
+
 def group_links(
-    cluster: ClusterSpec, eff: Efficiency, size: np.ndarray, stride: np.ndarray, per_node=None
+    cluster: ClusterSpec,
+    eff: Efficiency,
+    size: np.ndarray,
+    stride: np.ndarray,
+    per_node=None,
+    pattern: str = "ring",
 ) -> GroupLinks:
     """Links crossed by groups of ``size`` ranks spaced ``stride`` apart, ranks filling nodes in order;
-    ``per_node`` (from :func:`block_per_node`) where the members cluster unevenly."""
+    ``per_node`` (from :func:`block_per_node`) where the members cluster unevenly; ``pattern`` (``ring``,
+    ``all_to_all``, ``p2p``) says how much of their traffic leaves each switch (:func:`uplink_share`)."""
     n = cluster.devices_per_node
     size = np.asarray(size, dtype=np.int64)
     stride = np.asarray(stride, dtype=np.int64)
@@ -144,16 +180,18 @@ def group_links(
     inter = span > n
     spread = np.maximum(1, n // np.maximum(stride, 1)) if per_node is None else per_node
     per_node = np.minimum(np.where(inter, spread, size), size)
-    span_nodes = np.ceil(span / n)
-    # switch tiers: traffic that leaves a tier-i domain is limited by the product of the
-    # oversubscriptions below it (fat-tree taper, Leiserson 1985): a leaf with s:1 oversubscription has
-    # 1/s of its nodes' NIC bandwidth as uplinks, so when every node sends at once (the parallel rings of
-    # one collective do) each node gets 1/s of its NIC upward, and 1/(s1*s2) past the next tier
+    # switch tiers: a tier-i switch with s:1 oversubscription has 1/s of its nodes' NIC bandwidth as uplinks
+    # (fat-tree taper, Leiserson 1985; 1/(s1*s2) past the next tier). Only the share of the groups' traffic
+    # that leaves the switch uses them (uplink_share): when the uplinks carry all that share at NIC speed
+    # the group runs at NIC speed, else at (uplinks / demand) of it. A ring whose members under one switch
+    # are many leaves it on few of its edges: the data-parallel rings of Llama 3 405B (24 members per
+    # 3,072-GPU pod, pods joined 1:7; Dubey et al. 2024 §3.3.1) are not slowed by the pods' uplinks
     factor = np.ones(span.shape, dtype=np.float64)
     taper = 1.0
     for tier in cluster.tiers:
-        factor = np.where(span_nodes > tier.nodes, taper * tier.oversubscription, factor)
         taper *= tier.oversubscription
+        load = taper * uplink_share(cluster, size, stride, per_node, tier.nodes, pattern)
+        factor = np.maximum(factor, load)
     bw_inter = cluster.inter_node.bandwidth_GBps * 1e9 * eff.collective_efficiency_inter / factor
     bw_intra = np.full(span.shape, cluster.intra_node.bandwidth_GBps * 1e9 * eff.collective_efficiency_intra)
     return GroupLinks(
@@ -164,4 +202,5 @@ def group_links(
         bw_inter,
         cluster.intra_node.latency_us * 1e-6,
         cluster.inter_node.latency_us * 1e-6,
+        factor,
     )

@@ -144,6 +144,7 @@ def costed_plans(
     power = device_power_profile(cm.cluster)
     # where the groups sit on the switches, against the topology-blind placement (issue 15)
     placements = _placement(cm, flat, tm)
+    assumed = cm.training.assumed_defaults()
     out = []
     for i in range(len(flat)):
         total = float(mem["total"][i])
@@ -162,6 +163,9 @@ def costed_plans(
         # optional extension: predicted energy per step and per 1M tokens (workers/planner/energy.py)
         predicted["energy"] = plan_energy(predicted, cm.cluster.num_devices, power, cm.cluster.device.name)
         predicted["placement"] = placements[i]
+        if assumed:
+            # the training flags the document left to its framework, the values costed and why (issue 37)
+            predicted["assumed_defaults"] = assumed
         if int(flat.zero[i]) >= 3 and int(flat.dp[i] * flat.cp[i]) > 1:
             # how the framework's ZeRO-3 gathers were charged (hardware.FrameworkCollectives)
             predicted["zero3_collectives"] = cm.collectives.describe()
