@@ -4,6 +4,7 @@ probe."""
 from __future__ import annotations
 
 from django.http import FileResponse
+from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import exceptions, mixins, serializers, status, viewsets
@@ -31,12 +32,14 @@ from controlplane.common.documents import (
     TrainingDocumentField,
 )
 from controlplane.common.models import JobState
+from controlplane.common.row_cache import cached_rows
 from controlplane.green import apis as green_apis
 from controlplane.green.certificate_apis import CertificateRowSerializer
 from controlplane.green.certificates import certificate_issue
 from controlplane.green.selectors import job_energy
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
+from controlplane.jobs.detail_cache import cached_detail, row_key, with_versions
 from controlplane.jobs.models import (
     DEFAULT_HANG_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
@@ -578,6 +581,22 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
     def get_serializer_class(self):
         return TrainingJobSummarySerializer if self.action == "list" else super().get_serializer_class()
+
+    def list(self, request, *args, **kwargs):
+        # the ended jobs' rows come from the cache while their row is unchanged (detail_cache)
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        if page is None:
+            return super().list(request, *args, **kwargs)
+        return self.get_paginated_response(
+            cached_rows(page, row_key, lambda jobs: self.get_serializer(jobs, many=True).data)
+        )
+
+    def retrieve(self, request, *args, **kwargs):
+        # an ended job's detail comes from the cache while nothing about it changed (detail_cache)
+        job = get_object_or_404(
+            with_versions(scoped(TrainingJob.objects.all(), request.user)), pk=kwargs["pk"]
+        )
+        return Response(cached_detail(job, lambda: self.get_serializer(self.get_object()).data))
 
     def get_queryset(self):
         qs = scoped(super().get_queryset(), self.request.user)

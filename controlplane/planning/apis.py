@@ -35,6 +35,7 @@ from controlplane.common.documents import (
     StrictFieldsMixin,
     TrainingDocumentField,
 )
+from controlplane.common.row_cache import cached_rows
 from controlplane.planning import selectors, services
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import (
@@ -390,6 +391,19 @@ class PlanViewSet(
 
     def get_queryset(self):
         return selectors.plans_of(self.request.user, self.request.query_params)
+
+    def list(self, request, *args, **kwargs):
+        # a plan's row changes only with its row (its measured figures: ``updated_at`` moves): kept in the cache
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        if page is None:
+            return super().list(request, *args, **kwargs)
+        return self.get_paginated_response(
+            cached_rows(
+                page,
+                lambda plan: f"plan-row:{plan.pk}:{plan.updated_at.timestamp()}",
+                lambda plans: self.get_serializer(plans, many=True).data,
+            )
+        )
 
     @extend_schema(
         methods=["GET"],
