@@ -170,7 +170,8 @@ class CostModel(ComputeCosts, MemoryCosts, CommunicationCosts):
         params = self.stage_parameters(L)
         dp = self.dp_comm(L, links["dp"], links["edp"], micro, compute_micro, params, layers_here)
         fw_step = layers_here * fw["step_layer"] + fw["step_fixed"]
-        opt_time = self.optimizer_time(L, params) + fw_step
+        opt_traffic = self.optimizer_time(L, params)
+        opt_time = opt_traffic + fw_step
 
         step = ideal + pp["bubble"] + pp["time"] + dp["exposed"] + opt_time
         tp_total = micro * layers_here * tp["time"]
@@ -192,6 +193,7 @@ class CostModel(ComputeCosts, MemoryCosts, CommunicationCosts):
             "bubble": pp["bubble"],
             "compute": micro * compute_micro,
             "optimizer": opt_time,
+            "optimizer_traffic": opt_traffic,  # optimizer less the runtime's host-side step work
             "framework": micro * (layers_here * fw["layer"] + fw["edge"]) + fw_step,
             "micro": micro,
             "tp": tp_total,
