@@ -17,7 +17,7 @@ Every stream is delivered in ``seq`` order without gaps or duplicates: on subscr
 replays what the client missed (from Redis, and from the database for events Redis no longer holds),
 and a live event that arrives ahead of a gap triggers a backfill first. A Redis that comes back without
 its data has lost the channel layer's groups too: every ``REJOIN_S`` the consumer joins its streams' groups
-again and sends what the client missed meanwhile (from the database, and Redis for what it has not stored).
+again; what the client missed meanwhile comes with the relay's next high-water mark of the stream.
 
 A subscription with ``"batch": true`` gets the same events, in the same order, several to a frame: each
 batch the relay read is one frame (encoded once by the relay, forwarded as it is), and a replay comes in
@@ -68,8 +68,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             socket_connect_timeout=settings.REDIS_TIMEOUT_S,
             socket_timeout=settings.REDIS_TIMEOUT_S,
         )
-        # one delivery at a time: a catch-up of the keeper and a live batch must not interleave their frames
-        self.sending = asyncio.Lock()
         self.keeper = asyncio.create_task(self.keep_subscriptions())
         await self.accept()
 
@@ -140,23 +138,19 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             self.batched.add(stream)
         else:
             self.batched.discard(stream)
-        async with self.sending:
-            await self.send_missed(stream, upto=None)
+        await self.send_missed(stream, upto=None)
         await self.send_json({"type": "subscribed", "stream": stream, "last_seq": self.last_sent[stream]})
 
     async def keep_subscriptions(self):
         """Every ``REJOIN_S``: join the subscribed streams' groups (and feeds) again -- a Redis that came back
-        without its data has none -- and send what the client missed meanwhile."""
+        without its data has none. What the client missed meanwhile comes with the relay's next high-water
+        mark of the stream (``live_hwm``: every second while the stream is active), from the database and
+        what the relay forwarded since."""
         while True:
             await asyncio.sleep(REJOIN_S)
             try:
-                for group in list(self.feed_groups):
+                for group in [*self.feed_groups, *(group_name(stream) for stream in self.last_sent)]:
                     await self.channel_layer.group_add(group, self.channel_name)
-                for stream in list(self.last_sent):
-                    await self.channel_layer.group_add(group_name(stream), self.channel_name)
-                    async with self.sending:
-                        if stream in self.last_sent:
-                            await self.send_missed(stream, upto=None)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis away: the next round tries again
@@ -224,10 +218,6 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def live_events(self, message):
         """Group message from the relay: one batch of a stream (``streams.events_message``)."""
-        async with self.sending:
-            await self._live_events(message)
-
-    async def _live_events(self, message):
         stream = message["stream"]
         if stream not in self.last_sent or message["last_seq"] <= self.last_sent[stream]:
             return
@@ -256,9 +246,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         client got (the channel layer dropped the tail of a burst, and no later event came to show the
         gap), send what is missing from Redis / the database."""
         stream, seq = message["stream"], message["seq"]
-        async with self.sending:
-            if stream in self.last_sent and seq > self.last_sent[stream]:
-                await self.send_missed(stream, upto=seq + 1, forwarded=seq)
+        if stream in self.last_sent and seq > self.last_sent[stream]:
+            await self.send_missed(stream, upto=seq + 1, forwarded=seq)
 
     async def send_error(self, stream, code: str, message: str):
         await self.send_json({"type": "error", "stream": stream, "code": code, "message": message})
