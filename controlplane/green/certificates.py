@@ -48,27 +48,34 @@ def report_inputs(job, *, format_version: int = 2) -> tuple[dict, dict]:
     if format_version >= 2:
         return _whole_job_inputs(job, summary)
     totals = job_energy(job) or {}
-    config = job.config or {}
-    identity = {
-        "id": job.pk,
-        "name": job.name,
-        "team": job.team.slug,
-        "model": (config.get("model") or {}).get("name"),
-        "device": (job.measured or {}).get("device"),
-        "world_size": job.world_size,
-        "nodes": job.nnodes,
-        "steps": (job.measured or {}).get("steps"),
-        "attempts": job.attempts,
-        "results_cover": (
+    identity = _identity(
+        job,
+        steps=(job.measured or {}).get("steps"),
+        attempts=job.attempts,
+        results_cover=(
             f"attempt {job.attempts}, the one that finished the job"
             if job.attempts > 1
             else "the job's only attempt"
         ),
         # every attempt's energy up to its last sample (a failed attempt's after it is not known)
-        "kwh_all_attempts": totals.get("kwh"),
-        "kgco2e_all_attempts": totals.get("kgco2e"),
-    }
+        kwh_all_attempts=totals.get("kwh"),
+        kgco2e_all_attempts=totals.get("kgco2e"),
+    )
     return identity, summary
+
+
+def _identity(job, **more) -> dict:
+    """What a report prints of the job in its header: what it is and where it ran, then ``more``."""
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "team": job.team.slug,
+        "model": ((job.config or {}).get("model") or {}).get("name"),
+        "device": (job.measured or {}).get("device"),
+        "world_size": job.world_size,
+        "nodes": job.nnodes,
+        **more,
+    }
 
 
 def _whole_job_inputs(job, finished: dict) -> tuple[dict, dict]:
@@ -77,22 +84,13 @@ def _whole_job_inputs(job, finished: dict) -> tuple[dict, dict]:
     segments = energy_segments(job)
     if not segments:
         raise NoReport(f"Job {job.pk} has an energy summary but no energy events: its stream was not stored.")
-    summary = whole_job_summary(finished, segments)
-    config = job.config or {}
-    measured = job.measured or {}
-    identity = {
-        "id": job.pk,
-        "name": job.name,
-        "team": job.team.slug,
-        "model": (config.get("model") or {}).get("name"),
-        "device": measured.get("device"),
-        "world_size": job.world_size,
-        "nodes": job.nnodes,
-        "attempts": job.attempts,
-        "last_step": segments[-1]["step"],
-        "results_cover": "the whole job: every attempt and restart, added up",
-    }
-    return identity, summary
+    identity = _identity(
+        job,
+        attempts=job.attempts,
+        last_step=segments[-1]["step"],
+        results_cover="the whole job: every attempt and restart, added up",
+    )
+    return identity, whole_job_summary(finished, segments)
 
 
 def schedule_of(job) -> dict | None:
