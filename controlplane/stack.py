@@ -1,5 +1,5 @@
-"""Start the whole local stack for ``make run``: Redis (embedded if none answers), migrations, the demo
-user, a Celery worker, the live-event relay and daphne. Ctrl-C stops all of them.
+"""Start the whole local stack for ``make run``: Redis (embedded if none answers), the static files' build,
+migrations, the demo user, a Celery worker, the live-event relay and daphne. Ctrl-C stops all of them.
 
 The stack supervises its children: a worker, relay, web or embedded Redis that exits is restarted (with a
 back-off), so one crash (a Celery worker that dies on a broker outage, say) does not stop the rest. Each
@@ -291,6 +291,8 @@ def run(host: str, port: int, concurrency: int) -> int:
                     ),
                 )
             )
+        # hashed, compressed static files and the partial plotly.js bundle (skipped when built already)
+        subprocess.run([py, "manage.py", "build_static"], cwd=ROOT, env=env, check=True)
         subprocess.run([py, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
         url = f"http://{'127.0.0.1' if host in {'0.0.0.0', '127.0.0.1'} else host}:{port}/"
         subprocess.run([py, "manage.py", "demo_setup", "--url", url], cwd=ROOT, env=env, check=True)

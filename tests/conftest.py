@@ -115,6 +115,7 @@ def start_stack(
 ) -> Stack:
     from controlplane.stack import free_port, worker_command
 
+    build_static_once()
     port = free_port()
     run_dir = Path(os.environ["CANN_TRAIN_VAR_DIR"]) / f"stack-{name}-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +158,20 @@ def start_stack(
         )
     RUNNING_STACKS.append(stack)
     return stack
+
+
+_STATIC_BUILT: list[dict] = []
+
+
+def build_static_once() -> dict:
+    """The static files every stack serves, built as ``make run`` builds them (``controlplane.static_build``:
+    hashed names, gzip and Brotli, the partial plotly.js), once per test process: skipped in milliseconds when
+    the sources are those of the last build, a few seconds after a change (its own log line says)."""
+    if not _STATIC_BUILT:
+        from controlplane.static_build import build_static
+
+        _STATIC_BUILT.append(build_static(log=lambda line: print(line, file=sys.stderr)))
+    return _STATIC_BUILT[0]
 
 
 def _session_data_roots() -> list:
