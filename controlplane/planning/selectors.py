@@ -469,5 +469,7 @@ def plan_filter_choices(user) -> dict:
 
 def active_search_streams() -> list[str]:
     """The streams of searches not ended, every team's (the relay keeps their counters through a Redis loss)."""
-    ids = StrategySearch.objects.exclude(state__in=StrategySearch.TERMINAL_STATES).values_list("pk", flat=True)
+    ids = StrategySearch.objects.exclude(state__in=StrategySearch.TERMINAL_STATES).values_list(
+        "pk", flat=True
+    )
     return [f"{StrategySearch.STREAM_KIND}/{pk}" for pk in ids]

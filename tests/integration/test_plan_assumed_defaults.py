@@ -18,4 +18,7 @@ def test_the_plan_page_shows_the_defaults_the_prediction_assumed(alice_api, alic
     html = alice_pages.get(f"/planning/plans/{plan['id']}/").content.decode()
     shown = html.split('id="plan-assumed-defaults"')[1].split("</dd>")[0]
     assert "<code>flash_attention</code> on" in shown and "<code>overlap_grad_reduce</code> on" in shown
-    assert "(cann-train's defaults: not set in the training document)" in shown and assumed["flash_attention"]["source"][:40] in html
+    assert (
+        "(cann-train's defaults: not set in the training document)" in shown
+        and assumed["flash_attention"]["source"][:40] in html
+    )
