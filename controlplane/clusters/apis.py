@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.clusters.models import Cluster, HardwareProfile
-from controlplane.common.api import TeamScopedViewSet
+from controlplane.common.api import TeamScopedViewSet, error_response
 from controlplane.common.documents import DocumentSerializer, checked
 from workers import planner
 
@@ -145,7 +145,13 @@ class CalibrationApi(APIView):
 
         return Response(CalibrationStatusSerializer(calibration_status()).data)
 
-    @extend_schema(request=CalibrationRequestSerializer, responses={202: CalibrationStatusSerializer})
+    @extend_schema(
+        request=CalibrationRequestSerializer,
+        responses={
+            202: CalibrationStatusSerializer,
+            409: error_response(409, "This machine is being calibrated already: wait for it to finish."),
+        },
+    )
     def post(self, request):
         from controlplane.clusters.calibration import CalibrationRunning, calibration_start
 

@@ -596,7 +596,9 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         job = get_object_or_404(
             with_versions(scoped(TrainingJob.objects.all(), request.user)), pk=kwargs["pk"]
         )
-        return Response(cached_detail(job, lambda: self.get_serializer(self.get_object()).data))
+        data = cached_detail(job, lambda: self.get_serializer(self.get_object()).data)
+        # the elastic index rests on the team's other runs too (its one-device baseline): never from the cache
+        return Response({**data, "elastic_index": elastic_index(job)})
 
     def get_queryset(self):
         qs = scoped(super().get_queryset(), self.request.user)

@@ -4,7 +4,8 @@ risk reads, the elastic index, ...) that give the same answer every time, and li
 dashboards poll. The key holds the job's ``updated_at`` (a state change, a relaunch, tags and notes), the
 newest ``seq`` of its stream and its faults' and snapshots' counts (a fault recorded after the end, the
 delivery audit), read with the job in one query, so a changed job is never answered from the cache; ``row_cache.TTL_S`` bounds anything else. A job not ended
-is computed on every request (it changes by the second). A list row is the job's own columns: an ended job's
+is computed on every request (it changes by the second); the elastic index, which rests on the team's other
+runs too, always is (``TrainingJobViewSet.retrieve``). A list row is the job's own columns: an ended job's
 is kept under its ``updated_at`` alone."""
 
 from __future__ import annotations

@@ -29,16 +29,13 @@ def event_writer() -> EventWriter:
 def publish(stream: str, kind: str, values: dict[str, Any], step: int | None = None) -> int:
     """Append an event to a stream; the relay forwards it to subscribers. Call it after the commit that
     the event describes (``transaction.on_commit``). Guarded (``workers.events``): a stream with no counter
-    is opened here when it is new (nothing of it stored or waiting), else :class:`StreamNotReady` -- Redis
+    is opened here when nothing of it is stored (no subscriber has seen a number of it), else :class:`StreamNotReady` -- Redis
     lost its data, and the relay, which knows the highest number subscribers have seen, restores it."""
     writer = event_writer()
     try:
         return writer.publish(stream, kind, values, step=step, guarded=True)
     except StreamNotReady:
-        if (
-            StreamEvent.objects.filter(stream=stream).exists()
-            or PendingEvent.objects.filter(stream=stream).exists()
-        ):
+        if StreamEvent.objects.filter(stream=stream).exists():
             raise
         writer.open_stream(stream, 0)
         return writer.publish(stream, kind, values, step=step, guarded=True)

@@ -30,6 +30,15 @@ async def recv_events(ws, n, timeout=20.0, frames=None):
     return events
 
 
+class _Writer:
+    """What ``until_forwarded`` reads through: a Redis client at ``url``."""
+
+    def __init__(self, url: str):
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+
+
 async def until_forwarded(writer, stream: str, seq: int, timeout: float = 20.0) -> None:
     from controlplane.live.streams import forwarded_key
 
@@ -74,6 +83,8 @@ async def test_worker_event_reaches_websocket_in_order_and_resumes(live_stack, j
         (job.stream, "missed", 3), queue="default", ignore_result=False
     )
     assert await sync_to_async(result.get)(timeout=20) == 8
+    # the replay on subscribe holds what the relay has forwarded (the rest it forwards itself, after it)
+    await until_forwarded(_Writer(live_stack.redis_url), job.stream, 8)
 
     async with connect(live_stack, token) as ws:
         await ws.send(json.dumps({"action": "subscribe", "stream": job.stream, "last_seq": 5}))

@@ -18,7 +18,9 @@ TINY = {
 def test_a_tiny_job_fits_and_a_million_token_sequence_does_not():
     assert memory_problem(TINY, 2, device_kind="cpu", device_memory_GiB=None) == ""
     huge = {**TINY, "model": {**TINY["model"], "seq_length": 1_000_000}}
-    assert memory_per_rank_GiB(huge) > 1000 * memory_per_rank_GiB(TINY)  # activations grow with s
+    # activations grow with s (linearly: the fused attention every framework now defaults to keeps no s x s
+    # scores, issue 37), over a fixed framework overhead that is most of the tiny job's
+    assert memory_per_rank_GiB(huge) > 20 * memory_per_rank_GiB(TINY)
     problem = memory_problem(huge, 2, device_kind="cpu", device_memory_GiB=None)
     assert "per rank by the planner's memory model" in problem and "this node's" in problem
 
