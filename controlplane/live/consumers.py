@@ -48,7 +48,7 @@ CLOSE_UNAUTHENTICATED = 4401
 MAX_SUBSCRIPTIONS = 50
 MAX_SEQ = 2**63 - 1  # Redis stream ids are 64-bit
 MAX_FRAME_EVENTS = 500  # events in one frame of a batched replay
-REJOIN_S = 5.0  # how often a socket joins its groups again and catches up (a Redis that lost its data)
+REJOIN_S = 5.0  # how often a socket joins its groups again (a Redis that lost its data lost them too)
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):

@@ -111,8 +111,8 @@ class Relay:
         self.loop = asyncio.new_event_loop()
         self.writer = EventWriter(self.redis)
         self.mark_forwarded = self.redis.register_script(FORWARDED_LUA)
-        self.high_water: dict[str, tuple[int, float]] = {}  # stream -> (last seq forwarded, when)
-        # stream -> (last seq forwarded, when), kept an hour: what a restored counter goes on from
+        # stream -> (last seq forwarded, when), kept an hour: what a restored counter goes on from, and (those
+        # forwarded within HWM_ACTIVE_S) the high-water marks sent to subscribers
         self.forwarded: dict[str, tuple[int, float]] = {}
         self.active_streams = list(active_streams)
         self.last_restore = 0.0
@@ -177,7 +177,7 @@ class Relay:
                 # marked first: a socket that fills a gap before this batch reaches it reads these from Redis
                 self.mark_forwarded(keys=[forwarded_key(stream)], args=[events[-1]["seq"]])
                 self.send(group_name(stream), events_message(stream, events, encoded=joined.decode()))
-                self.high_water[stream] = self.forwarded[stream] = (events[-1]["seq"], time.monotonic())
+                self.forwarded[stream] = (events[-1]["seq"], time.monotonic())
                 batch = StoreBatch(key, stream, [entry_id for entry_id, _ in kept], events)
                 if self.store_thread is None:
                     self.store([batch])
@@ -318,11 +318,9 @@ class Relay:
         if now - self.last_hwm < HWM_EVERY_S:
             return
         self.last_hwm = now
-        for stream, (seq, at) in list(self.high_water.items()):
-            if now - at > HWM_ACTIVE_S:
-                del self.high_water[stream]
-                continue
-            self.send(group_name(stream), {"type": "live.hwm", "stream": stream, "seq": seq})
+        for stream, (seq, at) in list(self.forwarded.items()):
+            if now - at <= HWM_ACTIVE_S:
+                self.send(group_name(stream), {"type": "live.hwm", "stream": stream, "seq": seq})
 
     def restore_counters(self) -> list[str]:
         """Give back their counters to the streams that lost them (Redis came back without its data): those
