@@ -26,13 +26,10 @@ def segment_of(values: dict) -> tuple[int, int]:
 def _totals(last_by_segment: dict[tuple[int, int], dict]) -> dict | None:
     if not last_by_segment:
         return None
-    attempts = [last_by_segment[a] for a in sorted(last_by_segment)]
-    latest = attempts[-1]
-    out: dict = {}
-    for key in SUMMED:
-        parts = [a.get(key) for a in attempts]
-        # a figure one attempt could not give (no intensity, no price) is unknown for the job, not zero
-        out[key] = None if any(v is None for v in parts) else sum(parts)
+    segments = [last_by_segment[k] for k in sorted(last_by_segment)]
+    latest = segments[-1]
+    # a figure one segment could not give (no intensity, no price) is unknown for the job, not zero
+    out: dict = {key: _sum_or_none([seg.get(key) for seg in segments]) for key in SUMMED}
     kwh_it = out.get("kwh_it")
     out["tokens_per_kwh"] = out["tokens"] / kwh_it if kwh_it and out.get("tokens") is not None else None
     for key in (

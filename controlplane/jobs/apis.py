@@ -275,8 +275,9 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         }
 
     @extend_schema_field(OpenApiTypes.OBJECT)
-    def get_elastic_index(self, job) -> dict:
-        return elastic_index(job)
+    def get_elastic_index(self, job) -> dict | None:
+        # the detail's view adds it apart (never from its cache): computed once per request, not twice
+        return None if self.context.get("elastic_index_apart") else elastic_index(job)
 
     def get_queue_position(self, job) -> int | None:
         return queue_position(job)
@@ -596,7 +597,8 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         job = get_object_or_404(
             with_versions(scoped(TrainingJob.objects.all(), request.user)), pk=kwargs["pk"]
         )
-        data = cached_detail(job, lambda: self.get_serializer(self.get_object()).data)
+        context = {**self.get_serializer_context(), "elastic_index_apart": True}
+        data = cached_detail(job, lambda: self.get_serializer(self.get_object(), context=context).data)
         # the elastic index rests on the team's other runs too (its one-device baseline): never from the cache
         return Response({**data, "elastic_index": elastic_index(job)})
 

@@ -1,12 +1,13 @@
 """The API's detail and list rows of ended jobs, kept in Django's cache (per process) until something about
-the job changes (issue 36, item 7): an ended job's detail is a dozen queries (faults, snapshots, nodes, energy, three
-risk reads, the elastic index, ...) that give the same answer every time, and lists of ended jobs are what
+the job changes (issue 36, item 7): an ended job's detail is a dozen queries (faults, snapshots, nodes,
+energy, three risk reads, ...) that give the same answer every time, and lists of ended jobs are what
 dashboards poll. The key holds the job's ``updated_at`` (a state change, a relaunch, tags and notes), the
 newest ``seq`` of its stream and its faults' and snapshots' counts (a fault recorded after the end, the
-delivery audit), read with the job in one query, so a changed job is never answered from the cache; ``row_cache.TTL_S`` bounds anything else. A job not ended
-is computed on every request (it changes by the second); the elastic index, which rests on the team's other
-runs too, always is (``TrainingJobViewSet.retrieve``). A list row is the job's own columns: an ended job's
-is kept under its ``updated_at`` alone."""
+delivery audit), read with the job in one query, so a changed job is never answered from the cache;
+``row_cache.TTL_S`` bounds anything else. A job not ended is computed on every request (it changes by the
+second); the elastic index, which rests on the team's other runs too, is computed apart on every request
+(``TrainingJobViewSet.retrieve``). A list row is the job's own columns: an ended job's is kept under its
+``updated_at`` alone."""
 
 from __future__ import annotations
 

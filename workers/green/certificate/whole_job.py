@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-TOKENS_PER_R = 1_000_000  # SCI's functional unit here: 1M tokens (workers.green.energy)
+from workers.green.energy import TOKENS_PER_R
 
 SEGMENT_KEYS = ("attempt", "restart", "start", "end", "intervals", "from_step", "step")
 """What a segment before the last one gives besides its energy event's running totals."""
