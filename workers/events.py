@@ -39,6 +39,11 @@ KEY_PREFIX = "cann:stream:"
 SEQ_PREFIX = "cann:seq:"
 # every stream that ever received an event; the relay discovers streams here
 STREAMS_SET = "cann:streams"
+# an entry per stream added to STREAMS_SET: the relay's blocking read includes this stream, so a new stream's
+# first events are read at once, not after the read it was blocked in ends (up to its block_ms: the tail of
+# a new job's first second). Best effort: an ARGV, not a declared key, written with redis.pcall, so that a
+# job's credential made before it existed still appends (EVALSHA refuses a declared key it may not touch).
+STREAMS_NEW = "cann:streams:new"
 # Streams are capped (approximate MAXLEN) so a long run cannot fill Redis; the relay persists every
 # event to the database well before this many newer ones arrive.
 MAX_LEN = 100_000
@@ -56,21 +61,26 @@ if ARGV[4] == '1' and not redis.call('GET', KEYS[1]) then return -1 end
 local seq = redis.call('INCR', KEYS[1])
 local body = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], seq .. '-1', 'event', body)
-redis.call('SADD', KEYS[3], KEYS[2])
+if redis.call('SADD', KEYS[3], KEYS[2]) == 1 then
+  redis.pcall('XADD', ARGV[5], 'MAXLEN', '~', 1000, '*', 'stream', KEYS[2])
+end
 if KEYS[4] ~= '' then redis.call('SET', KEYS[4], seq, 'EX', ARGV[3]) end
 return seq
 """
-# ARGV[4] = "1": guarded (a missing counter: -1, nothing appended; GET, which a job's credential may run)
+# ARGV[4] = "1": guarded (a missing counter: -1, nothing appended; GET, which a job's credential may run);
+# ARGV[5] = the new-stream wake-ups (STREAMS_NEW)
 GUARD_ENV = "CANN_TRAIN_EVENTS_GUARDED"
 """Set to 1 in the environment of a job's ranks launched by the control plane: their appends are guarded."""
 
-# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = set of streams; ARGV[1] = floor. The counter is raised to
-# the floor (never lowered); returns the counter as it is now.
+# KEYS[1] = counter, KEYS[2] = stream, KEYS[3] = set of streams; ARGV[1] = floor, ARGV[2] = the new-stream
+# wake-ups. The counter is raised to the floor (never lowered); returns the counter as it is now.
 _OPEN_LUA = """
 local floor = tonumber(ARGV[1])
 local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
 if current < floor then redis.call('SET', KEYS[1], floor) current = floor end
-redis.call('SADD', KEYS[3], KEYS[2])
+if redis.call('SADD', KEYS[3], KEYS[2]) == 1 then
+  redis.pcall('XADD', ARGV[2], 'MAXLEN', '~', 1000, '*', 'stream', KEYS[2])
+end
 return current
 """
 TOKEN_PREFIX = "cann:published:"
@@ -181,7 +191,8 @@ class EventWriter:
         body = build_event(stream, kind, step, values)
         seq = int(
             self._append(
-                keys=self._keys(stream, token), args=[body, MAX_LEN, TOKEN_TTL_S, "1" if guarded else "0"]
+                keys=self._keys(stream, token),
+                args=[body, MAX_LEN, TOKEN_TTL_S, "1" if guarded else "0", STREAMS_NEW],
             )
         )
         if seq < 0:
@@ -204,7 +215,11 @@ class EventWriter:
         for kind, step, values, *token in events:
             body = build_event(stream, kind, step, values)
             keys = self._keys(stream, token[0] if token else None)
-            self._append(keys=keys, args=[body, MAX_LEN, TOKEN_TTL_S, "1" if guarded else "0"], client=pipe)
+            self._append(
+                keys=keys,
+                args=[body, MAX_LEN, TOKEN_TTL_S, "1" if guarded else "0", STREAMS_NEW],
+                client=pipe,
+            )
         seqs = [int(s) for s in pipe.execute()]
         if any(s < 0 for s in seqs):
             raise StreamNotReady(
@@ -216,7 +231,11 @@ class EventWriter:
     def open_stream(self, stream: str, floor: int) -> int:
         """Give ``stream`` a counter of at least ``floor`` (the highest seq already used: the next event gets
         ``floor + 1``), and list it among the streams; guarded appends may then go ahead. Returns the counter."""
-        return int(self._open(keys=[seq_key(stream), stream_key(stream), STREAMS_SET], args=[int(floor)]))
+        return int(
+            self._open(
+                keys=[seq_key(stream), stream_key(stream), STREAMS_SET], args=[int(floor), STREAMS_NEW]
+            )
+        )
 
     def renumber(self, stream: str, entries: list[tuple[str, dict]], floor: int, *, group: str) -> list[int]:
         """Move ``entries`` (``(entry id, event)`` pairs read by consumer group ``group``) above ``floor``, the

@@ -26,7 +26,7 @@ from django.conf import settings
 from redis.exceptions import RedisError, ResponseError
 
 from controlplane.common.redis import redis_client
-from workers.events import KEY_PREFIX, SEQ_PREFIX, STREAMS_SET, TOKEN_PREFIX
+from workers.events import KEY_PREFIX, SEQ_PREFIX, STREAMS_NEW, STREAMS_SET, TOKEN_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,13 @@ def publisher_url(stream: str, base_url: str | None = None) -> tuple[str, str | 
     the ranks reach it (a scheduler's nodes: ``EXTERNAL_REDIS_URL``), default ``REDIS_URL``."""
     user = username(stream)
     password = _password(user)
-    keys = [f"~{KEY_PREFIX}{stream}", f"~{SEQ_PREFIX}{stream}", f"~{STREAMS_SET}", f"~{TOKEN_PREFIX}*"]
+    keys = [
+        f"~{KEY_PREFIX}{stream}",
+        f"~{SEQ_PREFIX}{stream}",
+        f"~{STREAMS_SET}",
+        f"~{STREAMS_NEW}",
+        f"~{TOKEN_PREFIX}*",
+    ]
     try:
         redis_client().execute_command(
             "ACL", "SETUSER", user, "reset", "on", f">{password}", *keys, "-@all", *PUBLISH_COMMANDS

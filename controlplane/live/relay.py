@@ -33,7 +33,16 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from controlplane.live.selectors import clashing_events, highest_stored_seq
 from controlplane.live.services import persist_events
 from controlplane.live.streams import FORWARDED_LUA, events_message, forwarded_key, group_name
-from workers.events import KINDS, STREAMS_SET, EventWriter, parse_time, renumber_floor, seq_key, stream_of_key
+from workers.events import (
+    KINDS,
+    STREAMS_NEW,
+    STREAMS_SET,
+    EventWriter,
+    parse_time,
+    renumber_floor,
+    seq_key,
+    stream_of_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +51,11 @@ GROUP = "relay"
 CLAIM_IDLE_MS = 30_000
 # a stream that had events in the last HWM_ACTIVE_S seconds gets its high-water mark re-sent every
 # HWM_EVERY_S: a subscriber whose tail was dropped by the channel layer (over capacity) backfills from it
+# websocket frames a second the relay's linger aims at, over all subscribers. bench/live_fanout.py on this
+# 2-core machine (2026-12-07): at 2,500 ten clients x 500 events/s got 2,069 frames/s, a daphne at 63% of a
+# core and p99 134 ms; at 500 they get 498 frames/s (16%, p99 27 ms) and one client's p99 falls from 24 ms
+# (a fixed 20 ms linger) to 11 ms
+FRAME_BUDGET_PER_S = 500
 HWM_EVERY_S = 1.0
 HWM_ACTIVE_S = 15.0
 # every RESTORE_EVERY_S the relay checks that the streams it forwards (and the apps' active ones) still have
@@ -98,11 +112,16 @@ class Relay:
         self.max_batch = max(batch, max_batch)
         self.count = batch
         self.block_ms = block_ms
-        # after a round that read little, the next read waits until linger_ms after the previous one began,
-        # so a trickle from many producers goes out as one frame per subscriber every linger_ms instead of
-        # one per append (50 clients x 500 appends/s would be 25,000 frames/s for one daphne); a read that
-        # comes back full never waits. This bounds the latency it adds to linger_ms.
-        self.linger_s = linger_ms / 1000
+        # after a round that read little, the next read waits until a linger after the previous one began,
+        # so a trickle from many producers goes out as one frame per subscriber per linger instead of one
+        # per append (50 clients x 500 appends/s would be 25,000 frames/s for one daphne); a read that comes
+        # back full never waits. The linger follows the websocket frames the last round sent (one per
+        # subscriber of each batch): FRAME_BUDGET_PER_S frames a second at most, up to linger_ms (its bound
+        # on the latency added). One subscriber gets each append within a millisecond; 50 get a frame
+        # every linger_ms.
+        self.linger_max_s = linger_ms / 1000
+        self.linger_s = self.linger_max_s
+        self.round_frames = 0
         self.last_read = 0.0
         self.known: set[bytes] = set()
         self.layer = get_channel_layer()
@@ -137,7 +156,8 @@ class Relay:
             self.store_thread.start()
 
     def discover(self) -> None:
-        for key in self.redis.smembers(STREAMS_SET) - self.known:
+        # the new-stream wake-ups are read beside the streams (a new one ends the blocking read: see handle)
+        for key in (self.redis.smembers(STREAMS_SET) | {STREAMS_NEW.encode()}) - self.known:
             try:
                 self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
@@ -150,6 +170,13 @@ class Relay:
         handled = 0
         for key, entries in response or []:
             if not entries:
+                continue
+            if key == STREAMS_NEW.encode():
+                # a stream was added: the next round discovers it and reads at once (no linger)
+                ids = [entry_id for entry_id, _ in entries]
+                self.redis.xack(key, GROUP, *ids)
+                self.redis.xdel(key, *ids)
+                self.last_read = 0.0
                 continue
             stream = stream_of_key(key)
             # each entry is one event's JSON (``workers.events``): the batch is parsed in one call, and
@@ -176,7 +203,9 @@ class Relay:
                 # dies before storing them re-reads them unacknowledged (subscribers drop the repeats)
                 # marked first: a socket that fills a gap before this batch reaches it reads these from Redis
                 self.mark_forwarded(keys=[forwarded_key(stream)], args=[events[-1]["seq"]])
-                self.send(group_name(stream), events_message(stream, events, encoded=joined.decode()))
+                self.round_frames += self.send(
+                    group_name(stream), events_message(stream, events, encoded=joined.decode()), count=True
+                )
                 self.forwarded[stream] = (events[-1]["seq"], time.monotonic())
                 batch = StoreBatch(key, stream, [entry_id for entry_id, _ in kept], events)
                 if self.store_thread is None:
@@ -309,8 +338,23 @@ class Relay:
             self.store_thread.join(timeout=30)
         self.loop.close()
 
-    def send(self, group: str, message: dict) -> None:
-        self.loop.run_until_complete(self.layer.group_send(group, message))
+    def send(self, group: str, message: dict, *, count: bool = False) -> int:
+        """Send ``message`` to the group; with ``count``, return how many channels the group has (0 when not
+        counted, or when the layer cannot say: the linger then stays at its bound)."""
+        return self.loop.run_until_complete(self._send(group, message, count))
+
+    async def _send(self, group: str, message: dict, count: bool) -> int:
+        await self.layer.group_send(group, message)
+        if not count:
+            return 0
+        # Channels has no API for a group's size: channels_redis keeps a group as a sorted set of its
+        # channels (the one group_send reads); another layer gives no count and the full linger
+        try:
+            key = self.layer._group_key(group)
+            connection = self.layer.connection(self.layer.consistent_hash(group))
+        except AttributeError:
+            return FRAME_BUDGET_PER_S
+        return int(await connection.zcard(key))
 
     def send_high_water_marks(self) -> None:
         """Tell the subscribers of recently active streams the last seq forwarded (``live.hwm``)."""
@@ -407,6 +451,8 @@ class Relay:
             )
             handled = self.handle(pending)
             self.reread_pending = handled > 0  # read again (after these are stored) until none is left
+        self.linger_s = min(self.linger_max_s, self.round_frames / FRAME_BUDGET_PER_S)
+        self.round_frames = 0
         wait = self.last_read + self.linger_s - time.monotonic()
         if wait > 0:
             time.sleep(wait)

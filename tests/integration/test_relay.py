@@ -36,7 +36,7 @@ def make_relay(relay_redis):
     made = []
 
     def make(**kwargs):
-        made.append(Relay(redis_url=relay_redis[0], block_ms=50, linger_ms=0, **kwargs))
+        made.append(Relay(**{"redis_url": relay_redis[0], "block_ms": 50, "linger_ms": 0, **kwargs}))
         return made[-1]
 
     yield make
@@ -226,3 +226,87 @@ def test_a_backlog_is_read_in_growing_batches(make_relay, relay_redis):
     assert len(stored(stream)) == 3000 and pending(client, stream) == 0
     assert subscriber.seqs() == list(range(1, 3001))
     assert rounds <= 4, rounds  # 500, 1000, then the remaining 1,500 (a fixed 500 takes 6)
+
+
+def test_a_new_stream_ends_the_read_the_relay_is_blocked_in(make_relay, relay_redis):
+    """A job's first events are read at once, not after the blocking read on the known streams times out
+    (``workers.events.STREAMS_NEW``: its first append wakes the relay)."""
+    url, _client = relay_redis
+    known, new = "job/91010", "job/91011"
+    relay = make_relay(block_ms=5000)
+    publish(url, known, 1, 1)
+    relay.step()  # discovers and reads the known stream
+    relay.step()  # the wake-up of its first append
+    subscriber = Subscriber(relay, new)
+    timer = threading.Timer(0.3, publish, args=(url, new, 1, 3))
+    timer.start()
+    started = time.monotonic()
+    relay.step()  # blocked reading the known stream (5 s) until the new one's first append
+    woken = time.monotonic() - started
+    timer.join()
+    relay.step()
+    relay.wait_stored()
+    assert woken < 2.5, f"the read waited {woken:.1f} s for its block to end"
+    assert subscriber.seqs() == [1, 2, 3]
+    assert [seq for seq, _ in stored(new)] == [1, 2, 3]
+
+
+def test_the_linger_follows_the_frames_a_round_sent(make_relay, relay_redis):
+    """One subscriber: a batch goes out within a couple of milliseconds of the read before; many: the relay
+    lingers up to its bound, one frame per subscriber per linger (``FRAME_BUDGET_PER_S``)."""
+    from controlplane.live.relay import FRAME_BUDGET_PER_S
+    from controlplane.live.streams import group_name
+
+    url, _client = relay_redis
+    stream = "job/91012"
+    relay = make_relay(linger_ms=20)
+    subscriber = Subscriber(relay, stream)
+    publish(url, stream, 1, 2)
+    relay.step()  # one batch, one subscriber: one frame
+    publish(url, stream, 3, 2)
+    relay.step()
+    assert relay.linger_s == pytest.approx(1 / FRAME_BUDGET_PER_S)
+    for _ in range(29):  # 30 subscribers: 30 frames a batch, more than the bound allows
+        channel = relay.loop.run_until_complete(relay.layer.new_channel())
+        relay.loop.run_until_complete(relay.layer.group_add(group_name(stream), channel))
+    publish(url, stream, 5, 2)
+    relay.step()
+    publish(url, stream, 7, 2)
+    relay.step()
+    assert relay.linger_s == pytest.approx(0.020)
+    relay.wait_stored()
+    assert subscriber.seqs() == list(range(1, 9))
+
+
+def test_a_jobs_own_credential_wakes_the_relay_and_one_made_before_the_wake_ups_still_appends(relay_redis):
+    import redis
+
+    from controlplane.live import credentials
+    from workers.events import STREAMS_NEW, EventWriter
+
+    url, client = relay_redis
+    new_url, why = credentials.publisher_url("job/91013", url)
+    assert why is None
+    EventWriter(redis.Redis.from_url(new_url)).publish("job/91013", "train", {"n": 1}, step=1, token="t91013")
+    assert [fields[b"stream"] for _, fields in client.xrange(STREAMS_NEW)] == [b"cann:stream:job/91013"]
+    # a credential as publisher_url made them before STREAMS_NEW: its appends go on, without the wake-up
+    user = credentials.username("job/91014")
+    password = credentials._password(user)
+    old_keys = ["~cann:stream:job/91014", "~cann:seq:job/91014", "~cann:streams", "~cann:published:*"]
+    client.execute_command(
+        "ACL",
+        "SETUSER",
+        user,
+        "reset",
+        "on",
+        f">{password}",
+        *old_keys,
+        "-@all",
+        *credentials.PUBLISH_COMMANDS,
+    )
+    old = EventWriter(redis.Redis.from_url(credentials._url_for(user, password, url)))
+    try:
+        assert old.publish("job/91014", "train", {"n": 1}, step=1, token="t91014") == 1
+        assert client.xlen(STREAMS_NEW) == 1
+    finally:
+        client.execute_command("ACL", "DELUSER", user, credentials.username("job/91013"))
