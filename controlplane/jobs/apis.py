@@ -32,14 +32,14 @@ from controlplane.common.documents import (
     TrainingDocumentField,
 )
 from controlplane.common.models import JobState
-from controlplane.common.row_cache import cached_rows
+from controlplane.common.row_cache import cached_page_rows
 from controlplane.green import apis as green_apis
 from controlplane.green.certificate_apis import CertificateRowSerializer
 from controlplane.green.certificates import certificate_issue
 from controlplane.green.selectors import job_energy
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
-from controlplane.jobs.detail_cache import cached_detail, row_key, with_versions
+from controlplane.jobs.detail_cache import LIST_HEAD, cached_detail, row_key, with_versions
 from controlplane.jobs.models import (
     DEFAULT_HANG_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
@@ -584,12 +584,16 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         return TrainingJobSummarySerializer if self.action == "list" else super().get_serializer_class()
 
     def list(self, request, *args, **kwargs):
-        # the ended jobs' rows come from the cache while their row is unchanged (detail_cache)
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        if page is None:
+        # the page is read as its heads first: the ended jobs' rows come from the cache while their row is
+        # unchanged (detail_cache), and only the others' jobs are loaded
+        qs = self.filter_queryset(self.get_queryset())
+        heads = self.paginate_queryset(qs.values_list(*LIST_HEAD, named=True))
+        if heads is None:
             return super().list(request, *args, **kwargs)
         return self.get_paginated_response(
-            cached_rows(page, row_key, lambda jobs: self.get_serializer(jobs, many=True).data)
+            cached_page_rows(
+                heads, row_key, qs.in_bulk, lambda jobs: self.get_serializer(jobs, many=True).data
+            )
         )
 
     def retrieve(self, request, *args, **kwargs):

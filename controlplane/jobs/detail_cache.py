@@ -51,6 +51,13 @@ def cached_detail(job: TrainingJob, build: Callable[[], dict]) -> dict:
     return cached_rows([job], detail_key, lambda jobs: [build() for _ in jobs])[0]
 
 
-def row_key(job: TrainingJob) -> str | None:
-    """An ended job's list row is its own columns: kept under its ``updated_at``."""
-    return f"job-row:{job.pk}:{job.updated_at.timestamp()}" if job.is_finished else None
+def row_key(job) -> str | None:
+    """An ended job's list row is its own columns: kept under its ``updated_at``. ``job``: the job, or its
+    head (``pk``, ``updated_at`` and ``state``: :data:`LIST_HEAD`)."""
+    if job.state not in TrainingJob.TERMINAL_STATES:
+        return None
+    return f"job-row:{job.pk}:{job.updated_at.timestamp()}"
+
+
+LIST_HEAD = ("pk", "updated_at", "state")
+"""The columns a job list reads first: enough to find its kept rows (:func:`row_key`)."""

@@ -35,7 +35,7 @@ from controlplane.common.documents import (
     StrictFieldsMixin,
     TrainingDocumentField,
 )
-from controlplane.common.row_cache import cached_rows
+from controlplane.common.row_cache import cached_page_rows
 from controlplane.planning import selectors, services
 from controlplane.planning.models import StoredModelSpec, StoredPlan, StrategySearch
 from controlplane.planning.planner_adapters import (
@@ -393,14 +393,17 @@ class PlanViewSet(
         return selectors.plans_of(self.request.user, self.request.query_params)
 
     def list(self, request, *args, **kwargs):
-        # a plan's row changes only with its row (its measured figures: ``updated_at`` moves): kept in the cache
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        if page is None:
+        # a plan's row changes only with its row (its measured figures: ``updated_at`` moves): kept in the
+        # cache; the page is read as its heads first, and only the plans not kept are loaded
+        qs = self.filter_queryset(self.get_queryset())
+        heads = self.paginate_queryset(qs.values_list("pk", "updated_at", named=True))
+        if heads is None:
             return super().list(request, *args, **kwargs)
         return self.get_paginated_response(
-            cached_rows(
-                page,
+            cached_page_rows(
+                heads,
                 lambda plan: f"plan-row:{plan.pk}:{plan.updated_at.timestamp()}",
+                qs.in_bulk,
                 lambda plans: self.get_serializer(plans, many=True).data,
             )
         )
