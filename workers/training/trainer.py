@@ -40,10 +40,10 @@ from workers.training.data import ShardedTokenLoader, TokenCorpus
 from workers.training.hf.runtime import build_model, export_parallel, weights_loader
 from workers.training.metrics import EventPublisher, NullPublisher, split_comm_compute
 from workers.training.model import flops_per_token, num_params
+from workers.training.optimizer import build_optimizer, scale_gradients
 from workers.training.parallelize import (
     ParallelModel,
     cross_entropy,
-    is_expert_param,
     parallelize,
     pipeline_bubble_fraction,
 )
@@ -152,32 +152,9 @@ class Trainer:
         for st in self.pm.comm_states:  # schedules scaled to the job (topk_ef's default density warm-up)
             if hasattr(st, "plan_for_job"):
                 st.plan_for_job(cfg.start_step + cfg.steps)
-        params = list(self.pm.parameters())
-        # Expert weights in a group of their own: sharded on another mesh (edp) than the rest, or plain
-        # tensors beside DTensors; a foreach step cannot mix either. Each group is homogeneous.
-        groups = [
-            {"params": group, "foreach": not _mixes_dtensors(group)}
-            for group in (
-                [p for p in params if not is_expert_param(p)],
-                [p for p in params if is_expert_param(p)],
-            )
-            if group
-        ]
-        if cfg.training.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=0.9)
-        else:  # adam / adamw: torch's AdamW (decoupled weight decay; identical to Adam when it is 0)
-            # torch's fused kernel (CPU and CUDA) where every parameter is a plain tensor: one pass over the
-            # parameters instead of ~10 foreach ops, which matters where ranks share few CPU cores
-            fused = self.device.type in ("cpu", "cuda") and not any(isinstance(p, DTensor) for p in params)
-            if fused:
-                groups = [{"params": g["params"]} for g in groups]
-            self.optimizer = torch.optim.AdamW(
-                groups,
-                lr=cfg.lr,
-                betas=(0.9, 0.95),
-                weight_decay=cfg.weight_decay,
-                **({"fused": True} if fused else {}),
-            )
+        self.optimizer = build_optimizer(
+            list(self.pm.parameters()), cfg.training.optimizer, cfg.lr, cfg.weight_decay, self.device
+        )
         self.step = cfg.start_step
         # a tokenizer's corpus: its cached token shards (tokenized by each node's local rank 0 first)
         corpus = corpus_for_run(cfg, local_rank=local_rank, barrier=dist.barrier, log=self.log_line)
@@ -352,10 +329,7 @@ class Trainer:
         global_loads = packed[4:].view_as(loads).float()
 
         if cfg.grad_clip > 0 and grad_norm > cfg.grad_clip:
-            coef = cfg.grad_clip / (grad_norm + 1e-6)
-            for p in pm.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
+            scale_gradients(pm.parameters(), cfg.grad_clip / (grad_norm + 1e-6))
         recorded_s = self.train_state.before_optimizer_step()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -741,11 +715,6 @@ class Trainer:
 
 
 TEARDOWN_TIMEOUT_S = 60.0
-
-
-def _mixes_dtensors(params: list[torch.Tensor]) -> bool:
-    kinds = {isinstance(p, DTensor) for p in params}
-    return len(kinds) > 1
 
 
 def abandon_teardown(rank: int) -> None:
