@@ -60,7 +60,16 @@ HERE_LAYOUTS = {
 # the terms of the cost model's step (CostModel.timing), as shares of the measured step
 HERE_TERMS = (
     ("compute", "modelled arithmetic of the passes (x compute_scale)"),
-    ("host", "the runtime's host-side cost per pass and per step (calibrate's framework section)"),
+    (
+        "host passes",
+        "the runtime's host-side cost of the passes: dispatch, autograd, DTensor, the wrappers' hooks, "
+        "their collectives' start-up (calibrate's framework section, per wrapper and recompute mode)",
+    ),
+    (
+        "host step",
+        "the same of the step's work: pending reductions, gradient norm, clipping, the optimizer, "
+        "the step's small all-reduce",
+    ),
     ("tp/ep/cp", "tensor, expert and context parallel collectives on the critical path"),
     ("pipeline", "bubble and stage sends"),
     ("dp", "data-parallel reduction not hidden by the backward"),
@@ -72,9 +81,11 @@ def step_terms(cm, L) -> tuple[float, dict[str, float]]:
     """(predicted step seconds, each of :data:`HERE_TERMS` in seconds) of one layout: they add up to the step."""
     tm = {k: float(np.ravel(v)[0]) for k, v in cm.timing(L).items()}
     host = tm["framework"]
+    host_step = tm["optimizer"] - tm["optimizer_traffic"]
     terms = {
         "compute": tm["compute"] + tm["optimizer"] - host - tm["optimizer_traffic"],
-        "host": host,
+        "host passes": host - host_step,
+        "host step": host_step,
         "tp/ep/cp": tm["inline_comm"],
         "pipeline": tm["bubble"] + tm["pp"],
         "dp": tm["dp_exposed"],
@@ -104,10 +115,16 @@ def here_round(steps: int) -> dict[str, dict]:
         cluster_doc = json.loads(Path(paths[1]).read_text())
         print(f"  calibrated in {time.perf_counter() - t0:.1f} s ({paths[0]})")
         fw = framework_for("cpu")
+        link = profile["measured"]["allreduce"]
+        print(
+            f"  gloo all-reduce: latency {link['latency_us']:.0f} us per step, bus bandwidth "
+            f"{link['bus_bandwidth_GBps']:.2f} GB/s; two-process contention x{fw.two_process_contention:.2f}; "
+            f"compute_scale {fw.compute_scale:.2f}"
+        )
         print(
             "  runtime host-side costs: "
             + ", ".join(
-                f"{k} {v['value'] * (1 if k.endswith('scale') else 1e3):.3g}"
+                f"{k} {v['value'] * (1 if k in Framework.FACTORS else 1e3):.3g}"
                 for k, v in profile["framework"].items()
             )
             + " (ms, or a factor)"

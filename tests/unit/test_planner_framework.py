@@ -140,3 +140,85 @@ def test_ddp_layouts_pay_the_measured_ddp_pass_and_others_the_plain_one():
     assert timing(fw, strategy())["framework"] == pytest.approx(2 * 4 * 1.5e-3)  # dp 2, zero 0: DDP
     assert timing(fw, strategy(dp=1, micro_batch_size=4))["framework"] == pytest.approx(2 * 4 * 1e-3)
     assert timing(fw, strategy(zero_stage=1))["framework"] == pytest.approx(2 * 4 * 1e-3)  # FSDP2 path
+
+
+def test_a_recompute_pays_the_figure_measured_for_its_wrapper_and_mode():
+    fw = Framework(
+        layer_pass_s=1e-3,
+        layer_pass_selective_s=6e-3,
+        layer_pass_full_s=3e-3,
+        dp_layer_pass_s=1.5e-3,
+        dp_layer_pass_full_s=4e-3,
+    )
+    micro, layers = 2, 4
+    single = strategy(dp=1, micro_batch_size=4)
+    assert timing(fw, strategy(dp=1, micro_batch_size=4, recompute="selective"))["framework"] - timing(
+        fw, single
+    )["framework"] == pytest.approx(micro * layers * (6e-3 - 1e-3))
+    ddp_full = timing(fw, strategy(recompute="full"))["framework"] - timing(fw, strategy())["framework"]
+    assert ddp_full == pytest.approx(micro * layers * (4e-3 - 1.5e-3))
+    # DDP's selective figure not measured: the plain one; no selective figure at all: the pass and a fourth
+    ddp_sel = timing(fw, strategy(recompute="selective"))["framework"] - timing(fw, strategy())["framework"]
+    assert ddp_sel == pytest.approx(micro * layers * (6e-3 - 1.5e-3))
+    fw = Framework(layer_pass_s=1e-3, dp_layer_pass_s=1.5e-3)
+    ddp_sel = timing(fw, strategy(recompute="selective"))["framework"] - timing(fw, strategy())["framework"]
+    assert ddp_sel == pytest.approx(micro * layers * 1.5e-3 / 3)
+
+
+def test_fsdp_zero3_pays_its_passes_and_one_reduce_per_step_and_not_the_gathers_start_up_again():
+    fw = Framework(
+        layer_pass_s=1e-3,
+        edge_pass_s=0.5e-3,
+        fsdp_layer_pass_s=5e-3,
+        fsdp_edge_pass_s=2e-3,
+        fsdp_reduce_layer_s=1e-3,
+        fsdp_reduce_fixed_s=0.5e-3,
+        fsdp_step_layer_s=1.2e-3,
+        fsdp_step_fixed_s=0.9e-3,
+        step_collective_s=0.2e-3,
+    )
+    s = strategy(zero_stage=3)  # dp 2, 2 micro-batches, 4 layers
+    micro, layers = 2, 4
+    step = layers * (1.2e-3 + 1e-3) + 0.9e-3 + 0.5e-3 + 0.2e-3
+    assert timing(fw, s)["framework"] == pytest.approx(micro * (layers * 5e-3 + 2e-3) + step)
+    # the measured passes hold FSDP2's gathers: the dp term keeps only their bandwidth, less than unmeasured
+    assert timing(fw, s)["dp"] < timing(Framework(layer_pass_s=1e-3), s)["dp"]
+    assert timing(fw, strategy())["framework"] == pytest.approx(
+        micro * layers * 1e-3 + micro * 0.5e-3 + 0.2e-3
+    )
+
+
+def test_expert_parallel_moe_layers_pay_their_measured_pass_and_not_the_all_to_alls_start_up_again():
+    moe = ModelSpec.from_dict(example("tiny-moe.json"))  # 4 layers, the first dense, 3 MoE
+    s = strategy(ep=2)
+
+    def moe_timing(fw: Framework) -> dict:
+        cm = CostModel(moe, ClusterSpec.from_dict(CPU), TRAINING, efficiency_for("cpu")[1], framework=fw)
+        return {
+            k: float(np.asarray(v).ravel()[0]) for k, v in cm.timing(Layouts.from_strategies([s])).items()
+        }
+
+    dense_only = moe_timing(Framework(dp_layer_pass_s=2e-3))
+    with_ep = moe_timing(Framework(dp_layer_pass_s=2e-3, ep_moe_layer_pass_s=6e-3))
+    micro = 2
+    assert with_ep["framework"] - dense_only["framework"] == pytest.approx(micro * 3 * (6e-3 - 2e-3))
+    assert with_ep["ep"] < dense_only["ep"]  # the start-up is in the measured pass
+
+
+def test_one_process_has_the_machine_to_itself_two_share_it():
+    fw = Framework(layer_pass_s=1e-3, edge_pass_s=0.5e-3, step_collective_s=0.2e-3, compute_scale=3.0)
+    shared = Framework(**{**fw.__dict__, "two_process_contention": 1.25})
+    single = strategy(dp=1, micro_batch_size=4)
+    assert timing(shared, single)["framework"] == pytest.approx(timing(fw, single)["framework"] / 1.25)
+    bare = timing(Framework(layer_pass_s=1e-3, compute_scale=1.0), single)
+    assert timing(shared, single)["compute"] - timing(shared, single)["framework"] == pytest.approx(
+        (bare["compute"] - bare["framework"]) * 3.0 / 1.25
+    )
+    assert timing(shared, strategy())["framework"] == pytest.approx(timing(fw, strategy())["framework"])
+
+
+def test_ddp_pays_its_measured_reduction_once_per_step_and_not_the_all_reduce_start_up_again():
+    fw = Framework(layer_pass_s=1e-3, dp_layer_pass_s=1.5e-3, dp_edge_pass_s=1e-3, dp_reduce_fixed_s=0.8e-3)
+    micro, layers = 2, 4
+    assert timing(fw, strategy())["framework"] == pytest.approx(micro * (layers * 1.5e-3 + 1e-3) + 0.8e-3)
+    assert timing(fw, strategy())["dp"] < timing(Framework(layer_pass_s=1e-3), strategy())["dp"]

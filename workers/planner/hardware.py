@@ -195,37 +195,78 @@ def collectives_for(framework: str) -> FrameworkCollectives:
 @dataclass(frozen=True)
 class Framework:
     """Host-side cost of the training runtime itself, beside the kernels the rest of the model charges:
-    Python, the dispatcher, autograd and DTensor's sharding propagation per operator, and the optimizer's
-    per-tensor loop. On an accelerator it hides behind queued kernels; on a CPU, where the kernels run on
-    the same cores in the same thread, it is paid in full and dominates small models (each field measured
-    by ``cann-train calibrate`` on probe layers unlike any example: ``workers.training.calibrate.measure_framework``).
-    Profiles without a ``framework`` section (every shipped accelerator) charge nothing for it."""
+    Python, the dispatcher, autograd, DTensor's sharding propagation, the wrappers' hooks and the start-up of
+    the collectives they issue per operator or per block, and the optimizer's per-tensor loop. On an
+    accelerator it hides behind queued kernels; on a CPU, where the kernels run on the same cores in the same
+    thread, it is paid in full and dominates small models. Each field is measured by ``cann-train
+    calibrate`` on probe layers unlike any example, built by the runtime's own ``parallelize``
+    (``workers.training.calibrate.measure_framework``), per wrapper: plain (no prefix), ``dp_`` (DDP),
+    ``tp_`` (tensor + sequence parallel), ``fsdp_`` (FSDP2 ZeRO-3), ``ep_`` (expert parallel); per layer pass
+    also under each recompute mode (``_selective``, ``_full``). A figure not measured (0: a profile of an
+    older calibrate) falls back to the plain one, and a recompute to the pass x 4/3. Profiles without a
+    ``framework`` section (every shipped accelerator) charge nothing for it."""
 
     layer_pass_s: float = 0.0
     """Forward + backward of one transformer layer of a tiny probe (compute negligible), per micro-batch."""
+    layer_pass_selective_s: float = 0.0
+    """The same under the runtime's selective recompute (an op-level policy: every operator of the block
+    runs under a dispatch mode, and again in the backward but the matmuls)."""
+    layer_pass_full_s: float = 0.0
+    """The same under full recompute (the block's forward again in the backward)."""
     edge_pass_s: float = 0.0
     """Forward + backward of the embedding, final norm, LM head and loss of the probe, per micro-batch."""
-    tp_layer_pass_s: float = 0.0
-    """As ``layer_pass_s`` with tensor + sequence parallelism over 2 ranks (DTensor), its collectives in."""
-    tp_edge_pass_s: float = 0.0
     dp_layer_pass_s: float = 0.0
     """As ``layer_pass_s`` under the runtime's DDP (zero_stage 0, tp 1, more than one replica): its
-    autograd hooks and bucketing; 0 = not measured, the plain figure serves."""
+    autograd hooks, under ``no_sync`` (a micro-batch before a step's last)."""
+    dp_layer_pass_selective_s: float = 0.0
+    dp_layer_pass_full_s: float = 0.0
+    tp_layer_pass_s: float = 0.0
+    """As ``layer_pass_s`` with tensor + sequence parallelism over 2 ranks (DTensor), its collectives in."""
+    tp_layer_pass_selective_s: float = 0.0
+    tp_layer_pass_full_s: float = 0.0
+    tp_edge_pass_s: float = 0.0
+    fsdp_layer_pass_s: float = 0.0
+    """As ``layer_pass_s`` under FSDP2 ZeRO-3 over 2 ranks, its parameter gathers in, without the gradient
+    reduce-scatter (a micro-batch before a step's last)."""
+    fsdp_layer_pass_selective_s: float = 0.0
+    fsdp_layer_pass_full_s: float = 0.0
+    fsdp_edge_pass_s: float = 0.0
+    fsdp_reduce_layer_s: float = 0.0
+    """FSDP2's gradient reduce-scatter per layer, once per step (the last micro-batch's backward)."""
+    fsdp_reduce_fixed_s: float = 0.0
+    dp_edge_pass_s: float = 0.0
+    """As ``edge_pass_s`` under DDP, without its reduction (``no_sync``: a micro-batch before a step's last)."""
+    dp_reduce_layer_s: float = 0.0
+    """DDP's gradient reduction (its bucket all-reduces and their start-up), once per step, per layer."""
+    dp_reduce_fixed_s: float = 0.0
+    ep_moe_layer_pass_s: float = 0.0
+    """Forward + backward of one MoE layer with its experts split over 2 ranks (routing, the dispatch and
+    combine all-to-alls in), per micro-batch; replaces the layer figure of the MoE layers of an ep layout."""
     step_layer_s: float = 0.0
-    """The runtime's per-step work per layer: gradient norm, AdamW step (per-tensor loop)."""
-    tp_step_layer_s: float = 0.0
+    """The trainer's per-step work per layer: pending reductions, gradient norm, clipping, its AdamW."""
     step_fixed_s: float = 0.0
     """The same for the embedding, norm and head (the intercept over layers)."""
+    tp_step_layer_s: float = 0.0
+    tp_step_fixed_s: float = 0.0
+    fsdp_step_layer_s: float = 0.0
+    fsdp_step_fixed_s: float = 0.0
     step_collective_s: float = 0.0
     """The one small all-reduce every step carries (loss, gradient norm, snapshot requests)."""
     compute_scale: float = 1.0
     """Measured / modelled time per token of the probe's layer passes (the slope between two batch sizes,
     the per-pass cost above taken out): how far small tensors on this device fall short of the GEMM curve
     and the streaming bandwidth the rest of the model assumes. Multiplies the modelled compute (tp too)."""
+    two_process_contention: float = 1.0
+    """The plain probe's passes with both ranks at once / with one alone: every figure above was measured
+    with 2 processes sharing the machine, and a layout of one process (the other cores idle) divides its
+    host costs and ``compute_scale`` by this."""
+
+    FACTORS = ("compute_scale", "two_process_contention")
+    """The fields that are factors (1 = nothing measured), not seconds."""
 
     @property
     def measured(self) -> bool:
-        return any(getattr(self, f.name) for f in fields(self) if not f.name.endswith("_scale"))
+        return any(getattr(self, f.name) for f in fields(self) if f.name not in self.FACTORS)
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any]) -> Framework:
@@ -234,7 +275,7 @@ class Framework:
         for f in fields(cls):
             entry = fw.get(f.name)
             value = entry.get("value") if isinstance(entry, dict) else None
-            if isinstance(value, int | float) and value >= 0 and (value > 0 or not f.name.endswith("_scale")):
+            if isinstance(value, int | float) and value >= 0 and (value > 0 or f.name not in cls.FACTORS):
                 values[f.name] = float(value)
         return cls(**values)
 

@@ -39,6 +39,9 @@ def test_calibrate_writes_a_measured_profile_the_planner_uses(tmp_path):
         host["layer_pass_s"]["value"] > 0 and host["tp_layer_pass_s"]["value"] > host["layer_pass_s"]["value"]
     )
     assert host["step_collective_s"]["value"] > 0 and host["compute_scale"]["value"] > 0
+    # each of the runtime's wrappers, built by its own parallelize: FSDP2 ZeRO-3 and expert parallel too
+    assert host["fsdp_layer_pass_s"]["value"] > 0 and host["ep_moe_layer_pass_s"]["value"] > 0
+    assert host["tp_layer_pass_selective_s"]["value"] > 0 and host["fsdp_reduce_layer_s"]["value"] >= 0
     assert all(
         "measured by `cann-train calibrate`" in v["source"] and "probe" in v["source"] for v in host.values()
     )

@@ -167,13 +167,16 @@ class CommunicationCosts:
         compute_micro: np.ndarray,
         params: dict[str, np.ndarray],
         layers_here: np.ndarray | float = 1.0,
+        dp_in_host: np.ndarray | bool = False,
     ) -> dict[str, np.ndarray]:
         """Data-parallel gradient reduction (and ZeRO parameter gathers) of one step for the stage
         ``params`` of :meth:`stage_parameters` (``layers_here`` layers): ``time`` (all of it), ``exposed``
         (what the backward and forward of ``compute_micro`` seconds do not hide, plus the slowdown of what
         they do) and ``volume`` (bytes per device). ZeRO-3's per-micro-batch gathers follow the framework's
         :class:`~.hardware.FrameworkCollectives` (rings over the node's NICs or each rank's own link, one
-        collective per block or per prefetch bucket)."""
+        collective per block or per prefetch bucket). Where ``dp_in_host``, the start-up of the ZeRO-0
+        all-reduce and of ZeRO-3's per-block collectives is left out: the runtime's measured DDP reduction
+        and FSDP2 passes hold it (``ComputeCosts.framework_times``)."""
         full, _sel = recompute_flags(L)
         passes = layer_passes(L)
         # DP: gradient all-reduce (ZeRO 0), or reduce-scatter + parameter all-gather (ZeRO >= 1);
@@ -181,6 +184,7 @@ class CommunicationCosts:
         gb = self.grad_bytes
         dense_b, expert_b = params["dense"] * gb, params["expert"] * gb
         ar = all_reduce_time(dp_links, dense_b) + all_reduce_time(edp_links, expert_b)
+        ar = ar - np.where(dp_in_host, all_reduce_time(dp_links, 0.0), 0.0)  # measured with DDP's reduction
         rs = reduce_scatter_time(dp_links, dense_b) + reduce_scatter_time(edp_links, expert_b)
         wb = self.weight_bytes / gb
         ag = wb * rs  # all-gather of the updated parameters: same pattern as the reduce-scatter
@@ -214,6 +218,7 @@ class CommunicationCosts:
             calls = np.maximum(1.0, np.minimum(matrices, buckets))
         else:
             calls = blocks
+        calls = np.where(dp_in_host, 0.0, calls)  # calls only count the start-up (the latency)
         expert_calls = np.where(params["expert"] > 0, calls, 0.0)
         # one micro-batch's reduce-scatter of the gradients and one all-gather of the parameters
         rs3 = shard_collective_time(dp_links, dense_b, calls, own_link) + shard_collective_time(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..hardware import Efficiency
-from .collectives import all_reduce_time
+from .collectives import all_reduce_time, all_to_all_time
 from .layouts import Layouts, layer_passes, recompute_flags
 from .placement import GroupLinks
 
@@ -149,38 +149,68 @@ class ComputeCosts:
             "logits": logits,
         }
 
-    def framework_times(self, L: Layouts, tp_links: GroupLinks) -> dict[str, np.ndarray]:
-        """The runtime's host-side seconds (:class:`~.hardware.Framework`, zeros when not measured): ``layer``
-        per layer and micro-batch (scaled by the layer's passes: a recompute, full or selective, runs a fourth), ``edge``
-        per micro-batch on the last stage (embedding, head, loss), ``step_layer`` per layer of the stage
-        and ``step_fixed`` per step (gradient norm, optimizer loop, the step's small all-reduce), and
-        ``tp_latency``: the start-up of the tp collectives of one layer and micro-batch, which the measured
-        tp passes already hold; ``compute_scale``: the factor on the modelled compute. The tp figures were
-        measured at tp = 2 and serve every tp > 1."""
+    def framework_times(self, L: Layouts, links: dict[str, GroupLinks]) -> dict[str, np.ndarray]:
+        """The runtime's host-side seconds (:class:`~.hardware.Framework`, zeros when not measured), each from
+        the figures of the runtime's wrapper the layout gets (tp > 1: tensor parallel; else zero_stage >= 1:
+        FSDP2; else more than one replica: DDP; else plain) and its recompute mode: ``layer`` per dense layer
+        and micro-batch, ``moe_layer`` per MoE layer and micro-batch (expert parallel: its own figure),
+        ``edge`` per micro-batch on the last stage (embedding, head, loss), ``step_layer`` per layer of the
+        stage and ``step_fixed`` per step (DDP's or FSDP2's gradient reduction in the last micro-batch,
+        pending reductions, gradient norm, clipping, the optimizer, the step's small all-reduce); the start-up
+        of the collectives the measured passes hold, which the communication terms then leave out:
+        ``tp_latency`` per layer and ``ep_latency`` per MoE layer and micro-batch, and ``dp_in_host`` where the
+        gradient reduction (DDP) or ZeRO-3's gathers (FSDP2) are measured; ``compute_scale``: the factor on
+        the modelled compute. The tp, FSDP2 and ep figures were measured on 2 ranks and serve every degree
+        > 1; a layout of one process divides them by ``two_process_contention`` (it has the cores alone)."""
         fw = self.fw
         zero = np.zeros_like(L.tp, dtype=np.float64)  # the layouts' (broadcasting) shape
         if not fw.measured:
-            return {k: zero for k in ("layer", "edge", "step_layer", "step_fixed", "tp_latency")} | {
-                "compute_scale": zero + 1.0
-            }
+            names = ("layer", "moe_layer", "edge", "step_layer", "step_fixed", "tp_latency", "ep_latency")
+            return {k: zero for k in names} | {"compute_scale": zero + 1.0, "dp_in_host": zero > 0}
         tp_on = L.tp > 1
-        full, sel = recompute_flags(L)
-        # host-side, selective recompute costs what full does: the runtime's op-level policy
-        # (training/parallel/activation_checkpoint.py) re-runs every operator of the block but the matmuls,
-        # whose saved outputs it still dispatches for
-        host_passes = (3.0 + full + sel) / 3.0
+        fsdp_on = ~tp_on & (L.zero >= 1)  # the runtime's FSDP2 (training/parallelize.py)
+        ddp_on = ~tp_on & ~fsdp_on & (L.dp * L.cp > 1)  # the runtime's DDP wrapper
         world = (L.tp * L.pp * L.dp * L.cp).astype(np.float64)
-        # the start-up of one tp collective: an all-reduce of nothing; (4 + 2 full) of them per layer
-        tp_latency = np.where(tp_on, (4.0 + 2.0 * full) * all_reduce_time(tp_links, 0.0), 0.0)
-        ddp_on = (L.dp * L.cp > 1) & (L.zero == 0) & ~tp_on  # the runtime's DDP wrapper
-        plain = np.where(ddp_on & (fw.dp_layer_pass_s > 0), fw.dp_layer_pass_s, fw.layer_pass_s)
+        # every figure was measured with both ranks sharing the machine; one process has it to itself
+        alone = np.where(world > 1, 1.0, 1.0 / fw.two_process_contention)
+
+        def by_kind(field: str) -> np.ndarray:
+            """``field`` of the layout's wrapper (prefix ``tp_``, ``fsdp_``, ``dp_``, none), the plain one
+            (0 when plain has none) where the wrapper's was not measured."""
+            plain = getattr(fw, field, 0.0)
+            pick = [(tp_on, "tp_"), (fsdp_on, "fsdp_"), (ddp_on, "dp_")]
+            own = [getattr(fw, prefix + field, 0.0) or plain for _on, prefix in pick]
+            return (np.select([on for on, _prefix in pick], own, plain) + zero) * alone
+
+        full, sel = recompute_flags(L)
+        base = by_kind("layer_pass_s")
+        # a recompute mode's own figure; one not measured: the pass and a fourth (the forward again)
+        selective, whole = by_kind("layer_pass_selective_s"), by_kind("layer_pass_full_s")
+        with_sel = np.where(selective > 0, selective, base * 4 / 3)
+        with_full = np.where(whole > 0, whole, base * 4 / 3)
+        layer = np.where(sel > 0, with_sel, np.where(full > 0, with_full, base))
+        # a MoE layer under ep: its measured pass, plus what the layout's recompute adds to a dense one
+        ep_on = (L.ep > 1) & (fw.ep_moe_layer_pass_s > 0) & bool(self.model.moe)
+        moe_layer = np.where(ep_on, fw.ep_moe_layer_pass_s * alone + (layer - base), layer)
+        # the start-up of the collectives the measured passes hold: an all-reduce (all-to-all) of nothing,
+        # as many as tp_comm (ep_comm) charges
+        tp_latency = np.where(tp_on, (4.0 + 2.0 * full) * all_reduce_time(links["tp"], 0.0), 0.0)
+        ep_latency = np.where(ep_on, 2.0 * layer_passes(L) * all_to_all_time(links["ep"], 0.0), 0.0)
+        dp_in_host = (ddp_on & (fw.dp_reduce_fixed_s > 0)) | (
+            fsdp_on & (L.zero == 3) & (fw.fsdp_layer_pass_s > 0)
+        )
         return {
-            "layer": np.where(tp_on, fw.tp_layer_pass_s, plain) * host_passes,
-            "edge": np.where(tp_on, fw.tp_edge_pass_s, fw.edge_pass_s) + zero,
-            "step_layer": np.where(tp_on, fw.tp_step_layer_s, fw.step_layer_s) + zero,
-            "step_fixed": fw.step_fixed_s + np.where(world > 1, fw.step_collective_s, 0.0),
+            "layer": layer,
+            "moe_layer": moe_layer,
+            "edge": by_kind("edge_pass_s"),
+            "step_layer": by_kind("step_layer_s") + by_kind("reduce_layer_s"),
+            "step_fixed": by_kind("step_fixed_s")
+            + by_kind("reduce_fixed_s")
+            + np.where(world > 1, fw.step_collective_s, 0.0),
             "tp_latency": tp_latency,
-            "compute_scale": fw.compute_scale + zero,
+            "ep_latency": ep_latency,
+            "dp_in_host": dp_in_host,
+            "compute_scale": fw.compute_scale * alone,
         }
 
     def optimizer_time(self, L: Layouts, params: dict[str, np.ndarray]) -> np.ndarray:

@@ -130,16 +130,17 @@ class CostModel(ComputeCosts, MemoryCosts, CommunicationCosts):
         links = self.links(L)
         compute = self.compute_times(L, g)
         tp = self.tp_comm(L, links["tp"])
-        fw = self.framework_times(L, links["tp"])
+        fw = self.framework_times(L, links)
         for part in ("dense_layer", "moe_layer", "logits", "embedding"):
             compute[part] = compute[part] * fw["compute_scale"]
         compute["dense_layer"] = compute["dense_layer"] + fw["layer"]
-        compute["moe_layer"] = compute["moe_layer"] + fw["layer"]
+        compute["moe_layer"] = compute["moe_layer"] + fw["moe_layer"]
         compute["logits"] = compute["logits"] + fw["edge"]
-        # the measured tp passes hold their collectives' start-up: charge only their bandwidth share again
+        # the measured tp (ep) passes hold their collectives' start-up: charge only their bandwidth share again
         tp["time"] = np.maximum(tp["time"] - fw["tp_latency"], 0.0)
         cp = self.cp_comm(L, links["cp"], g["core"])
         ep = self.ep_comm(L, links["ep"])
+        ep["time"] = np.maximum(ep["time"] - fw["ep_latency"], 0.0)  # as tp: the measured ep pass holds it
 
         # one micro-batch through one layer: its compute plus the communication on its critical path
         dense_layer = compute["dense_layer"] + tp["time"] + cp["exposed"]
@@ -168,7 +169,9 @@ class CostModel(ComputeCosts, MemoryCosts, CommunicationCosts):
         ideal = micro * stage_micro
         pp = self.pp_comm(L, links["pp"], micro, ideal)
         params = self.stage_parameters(L)
-        dp = self.dp_comm(L, links["dp"], links["edp"], micro, compute_micro, params, layers_here)
+        dp = self.dp_comm(
+            L, links["dp"], links["edp"], micro, compute_micro, params, layers_here, fw["dp_in_host"]
+        )
         fw_step = layers_here * fw["step_layer"] + fw["step_fixed"]
         opt_traffic = self.optimizer_time(L, params)
         opt_time = opt_traffic + fw_step
@@ -194,7 +197,9 @@ class CostModel(ComputeCosts, MemoryCosts, CommunicationCosts):
             "compute": micro * compute_micro,
             "optimizer": opt_time,
             "optimizer_traffic": opt_traffic,  # optimizer less the runtime's host-side step work
-            "framework": micro * (layers_here * fw["layer"] + fw["edge"]) + fw_step,
+            "framework": micro
+            * (layers_here * (fw["layer"] + (fw["moe_layer"] - fw["layer"]) * self.n_moe / n) + fw["edge"])
+            + fw_step,
             "micro": micro,
             "tp": tp_total,
             "pp": pp["time"],
