@@ -22,8 +22,10 @@ from .hardware import efficiency_for
 from .specs import ClusterSpec, ModelSpec, SpecError, Strategy, TrainingConfig
 
 SCHEDULES = ("1f1b", "interleaved")
-# the page draws at most this many pipeline blocks; beyond it fewer micro-batches are drawn
-SCHEDULE_BLOCK_CAP = 8000
+# the page draws at most this many pipeline blocks; beyond it fewer micro-batches are drawn (never fewer than
+# pp). 2,400 keeps a block of a 16-stage schedule about 8 px wide on a 1,100 px chart; at 8,000 (until issue
+# 35) the seed plan drew 6,144 blocks of ~2 px that took 450 ms of the plan page's load (Chromium, here)
+SCHEDULE_BLOCK_CAP = 2400
 # nodes whose devices are listed one by one in the placement map (all nodes get a summary)
 PLACEMENT_NODE_CAP = 128
 GROUP_KINDS = ("tp", "cp", "dp", "ep", "edp", "pp")

@@ -8,7 +8,7 @@ import { LiveClient } from "./live.js";
 import {
   MISSING, failureLines, formatBytes, formatNumber, formatPercent, formatRatio, formatSeconds, getJSON, h, postJSON,
 } from "./common.js";
-import { COLORS, PLOT_CONFIG } from "./charts.js";
+import { COLORS, PLOT_CONFIG, reactWhenSeen } from "./charts.js";
 
 const num = (x, digits = 3) => formatNumber(x, digits);
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -135,7 +135,7 @@ export function initCommCompare(data) {
                range: [Math.min(...logs) - 0.25, Math.max(...logs) + 0.25] },
       yaxis: { title: { text: "median step time (s)" }, range: [0, 1.35 * Math.max(...trace.y)] },
     };
-    Plotly.react(chart, [trace], layout, PLOT_CONFIG).then(() => { chart.dataset.ready = "1"; });
+    reactWhenSeen(chart, [trace], layout, PLOT_CONFIG).then(() => { chart.dataset.ready = "1"; });
   }
 
   function statusLine() {

@@ -3,7 +3,7 @@
 // first and drawn once; live points are appended after that without redrawing (TraceAppender).
 import {
   COLORS, Ema, FAULT_AXIS, PLOT_CONFIG, TraceAppender, chartLayout, faultShapes, faultTrace, referenceLine,
-  withReferences,
+  whenSeen, withReferences,
 } from "./charts.js";
 import { formatGiB, formatNumber, formatSeconds } from "./common.js";
 import { describeFault } from "./job_faults.js";
@@ -22,6 +22,19 @@ export class JobCharts {
     this.charts = {};
     this.history = { loss: [], tokens: [], memory: [], step: [] };  // per chart: per trace, [x, y] points
     this.faultTrace = false;  // the loss chart has the fault markers' trace (its last one)
+    // the charts are drawn once plotly.js has loaded after the page and they are seen (charts.js whenSeen),
+    // from the history and every attempt as they are then: until then their live points join the history
+    // (`drawn[name]` false)
+    this.drawn = {};
+  }
+
+  // chart `name` drawn by `draw` once its div is seen
+  drawWhenSeen(name, draw) {
+    this.drawn[name] = false;
+    whenSeen(this.charts[name]).then(() => {
+      draw();
+      this.drawn[name] = true;
+    });
   }
 
   // points of an attempt from the stored history (series.points(e)), drawn at once by plot()
@@ -33,10 +46,21 @@ export class JobCharts {
     }
   }
 
-  // points of an attempt while the page is open, appended to its traces
+  // points of an attempt while the page is open, appended to its traces (kept with the history for a
+  // chart not drawn yet)
   append(series, points) {
     const base = (chart) => series.slot * TRACES_PER_ATTEMPT[chart];
-    for (const [chart, t, x, y] of points) this.appenders[chart].push(base(chart) + t, x, y);
+    for (const [chart, t, x, y] of points) {
+      if (this.drawn[chart] === false) this.collect(series, [[chart, t, x, y]]);
+      else this.appenders[chart].push(base(chart) + t, x, y);
+    }
+  }
+
+  // every attempt's traces on one chart, from the collected history
+  traces(chart) {
+    const n = TRACES_PER_ATTEMPT[chart];
+    return [...this.series.attempts.values()].flatMap((s) =>
+      this.tracesOf(chart, s, this.history[chart].slice(s.slot * n, s.slot * n + n)));
   }
 
   // the Plotly traces of one attempt on one chart, filled with `pts[t]` ([x, y] points of its trace t)
@@ -70,46 +94,47 @@ export class JobCharts {
 
   // every chart, from the collected history; `faults`: the fault markers' rows
   plot(faults) {
-    const data = this.history;
     const uirevision = `job-${this.page.id}`;
     const p = this.predicted;
-    const attempts = [...this.series.attempts.values()];
-    const traces = (chart) => attempts.flatMap((s) => {
-      const n = TRACES_PER_ATTEMPT[chart];
-      return this.tracesOf(chart, s, data[chart].slice(s.slot * n, s.slot * n + n));
-    });
+    const traces = (chart) => this.traces(chart);
     this.charts.loss = this.el("chart-loss");
-    // the fault markers' trace (once there is a fault) comes after every attempt's three loss traces
-    this.faultTrace = faults.length > 0;
-    Plotly.newPlot(this.charts.loss, [...traces("loss"), ...(this.faultTrace ? [faultTrace(faults, describeFault)] : [])],
-      { ...chartLayout({ yTitle: "loss", uirevision }), ...FAULT_AXIS, shapes: faultShapes(faults) }, PLOT_CONFIG);
+    this.faults = faults;
+    this.drawWhenSeen("loss", () => {  // with the faults known when it is drawn (showFaults keeps them)
+      const known = this.faults;
+      // the fault markers' trace (once there is a fault) comes after every attempt's three loss traces
+      this.faultTrace = known.length > 0;
+      Plotly.newPlot(this.charts.loss, [...traces("loss"), ...(this.faultTrace ? [faultTrace(known, describeFault)] : [])],
+        { ...chartLayout({ yTitle: "loss", uirevision }), ...FAULT_AXIS, shapes: faultShapes(known) }, PLOT_CONFIG);
+    });
 
     this.charts.tokens = this.el("chart-tokens");
-    Plotly.newPlot(this.charts.tokens, traces("tokens"),
+    this.drawWhenSeen("tokens", () => Plotly.newPlot(this.charts.tokens, traces("tokens"),
       withReferences(chartLayout({ yTitle: "tokens/s", uirevision }),
         p.tokens_per_s != null && referenceLine(p.tokens_per_s, `predicted ${formatNumber(p.tokens_per_s)} tokens/s`)),
-      PLOT_CONFIG);
+      PLOT_CONFIG));
 
     this.charts.step = this.el("chart-step");
-    Plotly.newPlot(this.charts.step, traces("step"),
+    this.drawWhenSeen("step", () => Plotly.newPlot(this.charts.step, traces("step"),
       withReferences(chartLayout({ yTitle: "seconds", uirevision, barmode: "stack", bargap: 0.1 }),
         p.step_time_s != null && referenceLine(p.step_time_s, `predicted ${formatSeconds(p.step_time_s)}`, "#1d2430")),
-      PLOT_CONFIG);
+      PLOT_CONFIG));
 
     this.charts.memory = this.el("chart-memory");
     const predictedMemory = (p.memory_GiB_per_device || {}).total;
-    Plotly.newPlot(this.charts.memory, traces("memory"),
+    this.drawWhenSeen("memory", () => Plotly.newPlot(this.charts.memory, traces("memory"),
       withReferences(chartLayout({ yTitle: "GiB", uirevision }),
         predictedMemory != null && referenceLine(predictedMemory, `predicted ${formatGiB(predictedMemory, 2)}`)),
-      PLOT_CONFIG);
+      PLOT_CONFIG));
 
     this.charts.experts = this.el("chart-experts");
     if (this.charts.experts) {
-      const load = this.series.expertLoad || [];
-      Plotly.newPlot(this.charts.experts, [{
-        type: "bar", name: "share of routed tokens", x: load.map((_, i) => `expert ${i}`), y: load, marker: { color: COLORS[4] },
-      }], withReferences(chartLayout({ xTitle: "expert", yTitle: "share of tokens", uirevision }),
-        load.length && referenceLine(1 / load.length, "balanced")), PLOT_CONFIG);
+      this.drawWhenSeen("experts", () => {  // the newest load when it is drawn
+        const load = this.series.expertLoad || [];
+        Plotly.newPlot(this.charts.experts, [{
+          type: "bar", name: "share of routed tokens", x: load.map((_, i) => `expert ${i}`), y: load, marker: { color: COLORS[4] },
+        }], withReferences(chartLayout({ xTitle: "expert", yTitle: "share of tokens", uirevision }),
+          load.length && referenceLine(1 / load.length, "balanced")), PLOT_CONFIG);
+      });
     }
 
     this.appenders = {};
@@ -123,6 +148,7 @@ export class JobCharts {
   // a new attempt during the page's life: its traces go after the others' (their indices stay)
   addAttempt(series) {
     for (const chart of Object.keys(TRACES_PER_ATTEMPT)) {
+      if (this.drawn[chart] === false) continue;  // drawn with every attempt once seen
       this.appenders[chart].flush();
       if (chart === "loss" && this.faultTrace) {  // before the fault markers: attempts keep 3*slot .. 3*slot+2
         const at = TRACES_PER_ATTEMPT.loss * series.slot;
@@ -135,6 +161,7 @@ export class JobCharts {
 
   // the fault markers on the loss chart (their trace is the last one), once it is drawn
   showFaults(faults) {
+    this.faults = faults;
     const div = this.charts.loss;
     if (!(div && div.data && faults.length)) return;
     const t = faultTrace(faults, describeFault);
@@ -150,9 +177,17 @@ export class JobCharts {
   }
 
   resmooth(weight) {
-    this.appenders.loss.flush();
     this.series.smoothing = weight;
     this.el("loss-smoothing-value").textContent = formatNumber(weight, 2);
+    if (this.drawn.loss === false) {  // not drawn yet: smooth the history it will be drawn from
+      for (const s of this.series.attempts.values()) {
+        const raw = this.history.loss[TRACES_PER_ATTEMPT.loss * s.slot] || [];
+        s.ema = new Ema(weight);
+        this.history.loss[TRACES_PER_ATTEMPT.loss * s.slot + 1] = raw.map(([x, y]) => [x, s.ema.push(y)]);
+      }
+      return;
+    }
+    this.appenders.loss.flush();
     const xs = [], ys = [], indices = [];
     for (const s of this.series.attempts.values()) {
       const raw = this.charts.loss.data[TRACES_PER_ATTEMPT.loss * s.slot];
@@ -166,7 +201,7 @@ export class JobCharts {
   // the expert-load chart (MoE jobs only) from the latest train event that carried it
   updateExperts() {
     const load = this.series.expertLoad;
-    if (!this.charts.experts || !load) return;
+    if (!this.charts.experts || !load || this.drawn.experts === false) return;  // (drawn with the newest)
     Plotly.restyle(this.charts.experts, { x: [load.map((_, i) => `expert ${i}`)], y: [load] }, [0]);
     if (this.series.expertImbalance != null) {
       this.el("expert-imbalance").textContent = `max/mean ${formatNumber(this.series.expertImbalance, 2)}`;

@@ -1,6 +1,6 @@
 // Energy and carbon on the job page: the totals table, the meter's method (measured, or an estimate and
 // why), and energy and carbon over the steps. History first, then live `energy` events.
-import { COLORS, PLOT_CONFIG, chartLayout } from "./charts.js";
+import { COLORS, PLOT_CONFIG, chartLayout, reactWhenSeen } from "./charts.js";
 import { formatNumber } from "./common.js";
 
 export class EnergyPanel {
@@ -81,6 +81,6 @@ export class EnergyPanel {
     const layout = chartLayout({ xTitle: "step", yTitle: "kWh" });
     layout.yaxis2 = { title: { text: "kgCO2e" }, overlaying: "y", side: "right", rangemode: "tozero" };
     layout.margin = { ...layout.margin, r: 56 };
-    Plotly.react(el("chart-energy"), traces, layout, PLOT_CONFIG);
+    reactWhenSeen(el("chart-energy"), traces, layout, PLOT_CONFIG);
   }
 }

@@ -4,7 +4,7 @@
 // A chart (one line per rank, the chosen figure over steps) and a table of the latest sample; history
 // first (rendered into the page, paged on through the events API for long runs), then live.
 import { LiveClient } from "./live.js";
-import { COLORS, PLOT_CONFIG, chartLayout } from "./charts.js";
+import { COLORS, PLOT_CONFIG, chartLayout, reactWhenSeen } from "./charts.js";
 import { MISSING, formatNumber, getJSON, h } from "./common.js";
 
 const EVENTS_PAGE = 5000;  // the events API answers at most this many per call
@@ -82,7 +82,7 @@ class RankMetrics {
     box.dataset.samples = this.samples.length;
     const chart = this.el("chart-ranks");
     const layout = chartLayout({ yTitle: RANK_FIGURES[this.figure].label, uirevision: `ranks-${this.page.id}-${this.figure}`, height: 240 });
-    Plotly.react(chart, this.traces(), layout, PLOT_CONFIG);
+    reactWhenSeen(chart, this.traces(), layout, PLOT_CONFIG);
     this.table();
   }
 

@@ -12,7 +12,7 @@
 // telemetry over time (CPU, memory, each rank's median step time) with the sources it lacks. History first,
 // then live, as the energy panel (job_energy.js). The dashboard (LiveRiskBadges): one badge per running job, read
 // from the job API's `risk` and updated by live risk events.
-import { COLORS, PLOT_CONFIG, chartLayout, referenceLine, withReferences } from "./charts.js";
+import { COLORS, PLOT_CONFIG, chartLayout, reactWhenSeen, referenceLine, withReferences } from "./charts.js";
 import { MISSING, formatNumber, formatPercent, formatSeconds, getJSON, h } from "./common.js";
 
 // issue 14's tiers (workers/reliability/risk_watch.py risk_level): warn at 0.6, act at 0.85
@@ -271,7 +271,7 @@ export class FaultRiskPanel {
       referenceLine(WARN_RISK, `medium ${WARN_RISK}`, "#9a6700"), referenceLine(ACT_RISK, `high ${ACT_RISK}`, "#cf222e"));
     layout.yaxis = { ...layout.yaxis, range: [0, 1.05], rangemode: undefined };
     layout.xaxis = { ...layout.xaxis, type: "date" };
-    Plotly.react(div, traces, layout, PLOT_CONFIG);
+    reactWhenSeen(div, traces, layout, PLOT_CONFIG);
   }
 
   // per node: CPU util and memory used (%, left), each rank's median step time (s, right), and the metric
@@ -336,7 +336,7 @@ export class FaultRiskPanel {
       layout.yaxis3 = { title: { text: unitOf(this.extra) || this.extra }, overlaying: "y", side: "right", anchor: "free",
                         position: 1, rangemode: "tozero", showgrid: false };
     }
-    Plotly.react(div, traces, layout, PLOT_CONFIG);
+    reactWhenSeen(div, traces, layout, PLOT_CONFIG);
   }
 }
 

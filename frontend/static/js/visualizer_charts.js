@@ -6,7 +6,7 @@
 // Every view has a stable container (#view-pareto, #view-memory, #view-steptime, #view-schedule,
 // #view-placement, #view-diff, #view-whatif, #view-measured); its Plotly graph is the container's ".plot"
 // child, and the container gets data-ready="1" once drawn with data (the browser tests wait on it).
-import { PLOT_CONFIG } from "./charts.js";
+import { PLOT_CONFIG, whenSeen } from "./charts.js";
 import {
   MISSING, formatGiB, formatNumber as num, formatPercent as pct, formatSeconds as secs, formatVsPredicted, h,
   predictionCaveat,
@@ -54,10 +54,16 @@ function plotDiv(container) {
   return div;
 }
 
+// a view is drawn once it is seen (charts.js whenSeen); a newer figure for the same view replaces one
+// still waiting
 async function draw(container, traces, layout = {}) {
   const div = plotDiv(container);
   const full = { font: FONT, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff",
                  margin: { l: 60, r: 20, t: 36, b: 44 }, ...layout };
+  const ticket = (container.__drawTicket || 0) + 1;
+  container.__drawTicket = ticket;
+  await whenSeen(container);
+  if (container.__drawTicket !== ticket) return div;
   await Plotly().react(div, traces, full, PLOT_CONFIG);
   container.dataset.ready = "1";
   return div;
