@@ -3,8 +3,7 @@ probe."""
 
 from __future__ import annotations
 
-from django.http import FileResponse
-from django.shortcuts import get_object_or_404
+from django.http import FileResponse, Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import exceptions, mixins, serializers, status, viewsets
@@ -39,7 +38,7 @@ from controlplane.green.certificates import certificate_issue
 from controlplane.green.selectors import job_energy
 from controlplane.jobs import selectors, services
 from controlplane.jobs.comparisons import comparison_cancel, comparison_create
-from controlplane.jobs.detail_cache import LIST_HEAD, cached_detail, row_key, with_versions
+from controlplane.jobs.detail_cache import LIST_HEAD, cached_detail, job_with_versions, row_key
 from controlplane.jobs.models import (
     DEFAULT_HANG_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
@@ -276,8 +275,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_elastic_index(self, job) -> dict | None:
-        # the detail's view adds it apart (never from its cache): computed once per request, not twice
-        return None if self.context.get("elastic_index_apart") else elastic_index(job)
+        return elastic_index(job)
 
     def get_queue_position(self, job) -> int | None:
         return queue_position(job)
@@ -598,13 +596,11 @@ class TrainingJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
     def retrieve(self, request, *args, **kwargs):
         # an ended job's detail comes from the cache while nothing about it changed (detail_cache)
-        job = get_object_or_404(
-            with_versions(scoped(TrainingJob.objects.all(), request.user)), pk=kwargs["pk"]
-        )
-        context = {**self.get_serializer_context(), "elastic_index_apart": True}
-        data = cached_detail(job, lambda: self.get_serializer(self.get_object(), context=context).data)
-        # the elastic index rests on the team's other runs too (its one-device baseline): never from the cache
-        return Response({**data, "elastic_index": elastic_index(job)})
+        job = job_with_versions(kwargs["pk"], request.user)
+        if job is None:
+            raise Http404
+        # (the elastic index rests on the team's one-device runs too: the key holds their version)
+        return Response(cached_detail(job, lambda: self.get_serializer(self.get_object()).data))
 
     def get_queryset(self):
         qs = scoped(super().get_queryset(), self.request.user)

@@ -463,6 +463,14 @@ def restart_policy(job: TrainingJob) -> dict:
     }
 
 
+def one_device_runs(team_id) -> QuerySet[TrainingJob]:
+    """The team's succeeded one-rank jobs with a measured run: where a job's elastic index finds its one-device
+    baseline (``team_id`` may be an ``OuterRef``: ``detail_cache`` keys a cached detail on them)."""
+    return TrainingJob.objects.filter(
+        team_id=team_id, state=JobState.SUCCEEDED, nnodes=1, nproc_per_node=1, measured__isnull=False
+    )
+
+
 def elastic_index(job: TrainingJob) -> dict:
     """The job's Elastic Training Index with each factor's inputs, and its maturity level with the criteria
     (``workers.reliability.maturity``), from what the job stored: its measured run, goodput, config and
@@ -476,13 +484,7 @@ def elastic_index(job: TrainingJob) -> dict:
         single, source = measured.get("tokens_per_s"), "this job runs on one device: no scaling to measure"
     else:
         baseline = (
-            TrainingJob.objects.filter(
-                team_id=job.team_id,
-                state=JobState.SUCCEEDED,
-                nnodes=1,
-                nproc_per_node=1,
-                measured__isnull=False,
-            )
+            one_device_runs(job.team_id)
             .filter(config__model__name=model_name)
             .order_by("-finished_at")
             .first()

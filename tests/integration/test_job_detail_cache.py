@@ -85,3 +85,26 @@ def test_an_ended_jobs_list_row_is_kept_while_its_row_is_unchanged(alice, alice_
     assert not any('"jobs_trainingjob"."name"' in q["sql"] for q in queries), [q["sql"] for q in queries]
     alice_api.patch(f"/api/jobs/{job.pk}/", {"tags": ["renamed"]}, format="json")
     assert alice_api.get("/api/jobs/?limit=20").json()["results"][0]["tags"] == ["renamed"]
+
+
+def test_a_kept_details_elastic_index_follows_the_teams_one_device_baseline(alice, alice_api):
+    """The index's scaling factor compares the job with the team's newest one-device run of its model: a
+    kept detail changes when such a run appears, and when it stops being one (relaunched)."""
+    import json
+
+    from controlplane.common.models import JobState
+    from controlplane.jobs.models import TrainingJob
+
+    cache.clear()
+    team = alice.teams.first()
+    model = {"model": {"name": "tiny-dense"}, "steps": 3}
+    job = ended_job(team, nnodes=1, nproc_per_node=2)
+    TrainingJob.objects.filter(pk=job.pk).update(config=model)
+    scaling = lambda: json.dumps(detail(alice_api, job)[0]["elastic_index"])  # noqa: E731
+    assert "no one-device run of tiny-dense" in scaling()
+    assert "no one-device run of tiny-dense" in scaling()  # kept
+    single = ended_job(team, nnodes=1, nproc_per_node=1)
+    TrainingJob.objects.filter(pk=single.pk).update(config=model)
+    assert f"measured by job {single.pk}" in scaling()
+    TrainingJob.objects.filter(pk=single.pk).update(state=JobState.QUEUED)  # relaunched: no updated_at move
+    assert "no one-device run of tiny-dense" in scaling()
