@@ -92,5 +92,5 @@ def test_a_job_that_ran_and_failed_or_was_restored_is_l1_and_l5_is_available(ali
     green = criteria["carbon-aware (green) scheduling"]
     assert not green["met"] and green["available"] and "carbon_aware" in green["how"]
     assert all(c["available"] for c in level["criteria"])
-    TrainingJob.objects.filter(pk=job.pk).update(started_at=None, attempts=1)  # queued, never started
+    TrainingJob.objects.filter(pk=job.pk).update(state="queued", started_at=None, attempts=1)  # never started
     assert alice_api.get(f"/api/jobs/{job.pk}/").json()["elastic_index"]["maturity"]["level"] == 0

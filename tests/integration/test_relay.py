@@ -279,6 +279,8 @@ def test_the_linger_follows_the_frames_a_round_sent(make_relay, relay_redis):
 
 
 def test_a_jobs_own_credential_wakes_the_relay_and_one_made_before_the_wake_ups_still_appends(relay_redis):
+    from urllib.parse import urlsplit, urlunsplit
+
     import redis
 
     from controlplane.live import credentials
@@ -290,21 +292,13 @@ def test_a_jobs_own_credential_wakes_the_relay_and_one_made_before_the_wake_ups_
     EventWriter(redis.Redis.from_url(new_url)).publish("job/91013", "train", {"n": 1}, step=1, token="t91013")
     assert [fields[b"stream"] for _, fields in client.xrange(STREAMS_NEW)] == [b"cann:stream:job/91013"]
     # a credential as publisher_url made them before STREAMS_NEW: its appends go on, without the wake-up
-    user = credentials.username("job/91014")
-    password = credentials._password(user)
+    user, password = "cann-test-old-credential", "an-old-credential"
     old_keys = ["~cann:stream:job/91014", "~cann:seq:job/91014", "~cann:streams", "~cann:published:*"]
-    client.execute_command(
-        "ACL",
-        "SETUSER",
-        user,
-        "reset",
-        "on",
-        f">{password}",
-        *old_keys,
-        "-@all",
-        *credentials.PUBLISH_COMMANDS,
-    )
-    old = EventWriter(redis.Redis.from_url(credentials._url_for(user, password, url)))
+    acl = ["reset", "on", f">{password}", *old_keys, "-@all", *credentials.PUBLISH_COMMANDS]
+    client.execute_command("ACL", "SETUSER", user, *acl)
+    parts = urlsplit(url)
+    old_url = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+    old = EventWriter(redis.Redis.from_url(old_url))
     try:
         assert old.publish("job/91014", "train", {"n": 1}, step=1, token="t91014") == 1
         assert client.xlen(STREAMS_NEW) == 1
