@@ -61,6 +61,19 @@ function seen(el) {
   });
 }
 
+// The draws whenSeen holds back, until each is done: chartsDrawn() resolves once none is left (the job page
+// goes live after its charts are drawn, so that what the live stream appends lands on them)
+const drawing = new Set();
+export function track(promise) {
+  drawing.add(promise);
+  const done = () => drawing.delete(promise);
+  promise.then(done, done);
+  return promise;
+}
+export async function chartsDrawn() {
+  while (drawing.size) await Promise.allSettled([...drawing]);
+}
+
 // Plotly.react, once `div` is seen (whenSeen): calls before then keep only the newest figure, drawn then;
 // returns Plotly's promise (of the draw that shows this figure, or of a newer one)
 export function reactWhenSeen(div, traces, layout, config) {
@@ -68,12 +81,12 @@ export function reactWhenSeen(div, traces, layout, config) {
   if (el.__seen === true) return Plotly.react(el, traces, layout, config);
   el.__figure = [traces, layout, config];
   if (!el.__seen) {
-    el.__seen = whenSeen(el).then(() => {
+    el.__seen = track(whenSeen(el).then(() => {
       el.__seen = true;
       const figure = el.__figure;
       el.__figure = null;
       return Plotly.react(el, ...figure);
-    });
+    }));
   }
   return el.__seen;
 }

@@ -3,7 +3,7 @@
 // first and drawn once; live points are appended after that without redrawing (TraceAppender).
 import {
   COLORS, Ema, FAULT_AXIS, PLOT_CONFIG, TraceAppender, chartLayout, faultShapes, faultTrace, referenceLine,
-  whenSeen, withReferences,
+  track, whenSeen, withReferences,
 } from "./charts.js";
 import { formatGiB, formatNumber, formatSeconds } from "./common.js";
 import { describeFault } from "./job_faults.js";
@@ -31,10 +31,10 @@ export class JobCharts {
   // chart `name` drawn by `draw` once its div is seen
   drawWhenSeen(name, draw) {
     this.drawn[name] = false;
-    whenSeen(this.charts[name]).then(() => {
+    track(whenSeen(this.charts[name]).then(() => {
       draw();
       this.drawn[name] = true;
-    });
+    }));
   }
 
   // points of an attempt from the stored history (series.points(e)), drawn at once by plot()

@@ -7,6 +7,7 @@
 // elastic recovery (job_faults.js: fault markers, snapshots, goodput), energy and carbon (job_energy.js),
 // the live log and the timeline (job_log.js), fault risk and node telemetry (risk.js); the buttons are
 // job_actions.js.
+import { chartsDrawn } from "./charts.js";
 import { LiveClient } from "./live.js";
 import { FaultRiskPanel } from "./risk.js";
 import { formatGiB, formatNumber, formatPercent, formatSeconds, formatVsPredicted, getJSON } from "./common.js";
@@ -91,6 +92,9 @@ class JobDetail {
     this.risk.render();
     this.log.scrollToEnd();
     bindJobActions(this);
+    // live once the charts are drawn (plotly.js comes after the page: charts.js), so what the stream
+    // appends lands on them; what arrives meanwhile is replayed from lastSeq
+    await chartsDrawn();
     this.client = new LiveClient({
       onStatus: (s) => { const el = this.el("live-status"); el.textContent = s; el.dataset.state = s; },
       onEvent: (e) => this.live(e),
