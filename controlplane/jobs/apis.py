@@ -274,7 +274,7 @@ class TrainingJobSerializer(TeamOwnedSerializer):
         }
 
     @extend_schema_field(OpenApiTypes.OBJECT)
-    def get_elastic_index(self, job) -> dict | None:
+    def get_elastic_index(self, job) -> dict:
         return elastic_index(job)
 
     def get_queue_position(self, job) -> int | None:

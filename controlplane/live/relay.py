@@ -49,13 +49,13 @@ log = logging.getLogger(__name__)
 GROUP = "relay"
 # entries another relay read but never acknowledged (it died) are taken over after this long
 CLAIM_IDLE_MS = 30_000
-# a stream that had events in the last HWM_ACTIVE_S seconds gets its high-water mark re-sent every
-# HWM_EVERY_S: a subscriber whose tail was dropped by the channel layer (over capacity) backfills from it
 # websocket frames a second the relay's linger aims at, over all subscribers. bench/live_fanout.py on this
 # 2-core machine (2026-12-07): at 2,500 ten clients x 500 events/s got 2,069 frames/s, a daphne at 63% of a
 # core and p99 134 ms; at 500 they get 498 frames/s (16%, p99 27 ms) and one client's p99 falls from 24 ms
 # (a fixed 20 ms linger) to 11 ms
 FRAME_BUDGET_PER_S = 500
+# a stream that had events in the last HWM_ACTIVE_S seconds gets its high-water mark re-sent every
+# HWM_EVERY_S: a subscriber whose tail was dropped by the channel layer (over capacity) backfills from it
 HWM_EVERY_S = 1.0
 HWM_ACTIVE_S = 15.0
 # every RESTORE_EVERY_S the relay checks that the streams it forwards (and the apps' active ones) still have

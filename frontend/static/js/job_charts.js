@@ -23,8 +23,8 @@ export class JobCharts {
     this.history = { loss: [], tokens: [], memory: [], step: [] };  // per chart: per trace, [x, y] points
     this.faultTrace = false;  // the loss chart has the fault markers' trace (its last one)
     // the charts are drawn once plotly.js has loaded after the page and they are seen (charts.js whenSeen),
-    // from the history and every attempt as they are then: until then their live points join the history
-    // (`drawn[name]` false)
+    // from the history as it is then (`drawn[name]` false until then); the page feeds live points only once
+    // every chart is drawn (job_detail.js awaits chartsDrawn before it subscribes)
     this.drawn = {};
   }
 
@@ -46,14 +46,10 @@ export class JobCharts {
     }
   }
 
-  // points of an attempt while the page is open, appended to its traces (kept with the history for a
-  // chart not drawn yet)
+  // points of an attempt while the page is open, appended to its traces
   append(series, points) {
     const base = (chart) => series.slot * TRACES_PER_ATTEMPT[chart];
-    for (const [chart, t, x, y] of points) {
-      if (this.drawn[chart] === false) this.collect(series, [[chart, t, x, y]]);
-      else this.appenders[chart].push(base(chart) + t, x, y);
-    }
+    for (const [chart, t, x, y] of points) this.appenders[chart].push(base(chart) + t, x, y);
   }
 
   // every attempt's traces on one chart, from the collected history
@@ -148,7 +144,6 @@ export class JobCharts {
   // a new attempt during the page's life: its traces go after the others' (their indices stay)
   addAttempt(series) {
     for (const chart of Object.keys(TRACES_PER_ATTEMPT)) {
-      if (this.drawn[chart] === false) continue;  // drawn with every attempt once seen
       this.appenders[chart].flush();
       if (chart === "loss" && this.faultTrace) {  // before the fault markers: attempts keep 3*slot .. 3*slot+2
         const at = TRACES_PER_ATTEMPT.loss * series.slot;
@@ -201,7 +196,7 @@ export class JobCharts {
   // the expert-load chart (MoE jobs only) from the latest train event that carried it
   updateExperts() {
     const load = this.series.expertLoad;
-    if (!this.charts.experts || !load || this.drawn.experts === false) return;  // (drawn with the newest)
+    if (!this.charts.experts || !load) return;
     Plotly.restyle(this.charts.experts, { x: [load.map((_, i) => `expert ${i}`)], y: [load] }, [0]);
     if (this.series.expertImbalance != null) {
       this.el("expert-imbalance").textContent = `max/mean ${formatNumber(this.series.expertImbalance, 2)}`;
